@@ -1,0 +1,324 @@
+"""Per-request step streams from a vLLM server: the adapter's primary API.
+
+Contract:
+    client = EngineClient(url, tokenizer, tap_addr=...)   # tap_addr None = attach mode
+    await client.start()
+    async for item in client.generate(prompt, max_tokens=64, temperature=0.0):
+        # item is a Step (as the engine executes it) ... then one RequestResult
+    await client.close()
+
+With the tap, each Step carries the exact draft ids verified, how many were
+accepted, the ids emitted, the K in force and the batch size, as the engine
+ran them. Without it (a server we did not start), steps are rebuilt from the
+stream's chunks plus vLLM's ``per_step_accepted``/``per_step_drafted``;
+rejected drafts are then known only as counts (``drafted`` is None,
+``provenance == "counts"``), never guessed.
+
+The completion text always comes from the OpenAI-compatible stream
+(``return_token_ids``); the tap's emitted ids are checked against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from transformers import PreTrainedTokenizerBase
+
+from engine_adapter.provenance import kinds_for_step, metrics_from_steps, steps_from_counts
+from engine_adapter.records import RequestResult, Step, Token
+from engine_adapter.tap_client import TapReceiver
+from engine_adapter.token_text import IncrementalText, draft_text
+
+TAP_GRACE_S = 5.0  # how long to wait for the tap's last step after the HTTP stream ends
+
+
+class RequestError(RuntimeError):
+    """The engine refused or failed a request; the message is the engine's."""
+
+
+@dataclass
+class _HttpState:
+    chunks: list[list[int]] = field(default_factory=list)  # token ids per SSE chunk
+    metrics: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    num_prompt_tokens: int = 0
+    t_first: float | None = None
+    done: bool = False
+    error: str | None = None
+
+
+class EngineClient:
+    def __init__(
+        self,
+        base_url: str,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        tap_addr: str | None = None,
+        model: str | None = None,
+        use_chat_template: bool = True,
+        k_hint: int = 0,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.tokenizer = tokenizer
+        self.model = model
+        self.use_chat_template = use_chat_template and bool(
+            getattr(tokenizer, "chat_template", None)
+        )
+        self.k_hint = k_hint  # K to label attach-mode steps until vLLM's counts arrive
+        self.tap = TapReceiver(tap_addr) if tap_addr else None
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(10.0, read=600.0), limits=httpx.Limits(max_connections=256)
+        )
+
+    async def start(self, handshake_timeout_s: float = 60.0) -> None:
+        if self.model is None:
+            r = await self._http.get(f"{self.base_url}/v1/models")
+            r.raise_for_status()
+            self.model = r.json()["data"][0]["id"]
+        if self.tap is not None:
+            self.tap.start()
+            await self._handshake(handshake_timeout_s)
+
+    async def _handshake(self, timeout_s: float) -> None:
+        """Run one-token requests until the tap's messages arrive.
+
+        A ZMQ subscriber only receives what is published after its connection
+        is up, so provenance is trusted only once a step has come through.
+        """
+        deadline = time.monotonic() + timeout_s
+        body = {"model": self.model, "prompt": "hi", "max_tokens": 1, "temperature": 0.0}
+        while time.monotonic() < deadline:
+            seen = self.tap.steps_seen
+            r = await self._http.post(f"{self.base_url}/v1/completions", json=body)
+            r.raise_for_status()
+            for _ in range(20):
+                if self.tap.steps_seen > seen:
+                    return
+                await asyncio.sleep(0.05)
+        raise RequestError(
+            f"the scheduler tap sent nothing to {self.tap.addr} within {timeout_s:.0f} s: "
+            "was the engine started with the tap (--scheduler-cls engine_adapter.scheduler_tap...)?"
+        )
+
+    async def close(self) -> None:
+        await self._http.aclose()
+        if self.tap is not None:
+            await self.tap.close()
+
+    def render_prompt(self, prompt: str) -> str:
+        if not self.use_chat_template:
+            return prompt
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+
+    async def _stream_http(self, body: dict[str, Any], state: _HttpState, wake: asyncio.Queue) -> None:
+        try:
+            async with self._http.stream("POST", f"{self.base_url}/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    text = (await r.aread()).decode(errors="replace")
+                    try:
+                        msg = json.loads(text).get("error", {}).get("message", text)
+                    except (json.JSONDecodeError, AttributeError):
+                        msg = text
+                    state.error = f"engine answered {r.status_code}: {msg}"
+                    return
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    data = json.loads(line[6:])
+                    if "error" in data:
+                        state.error = str(data["error"].get("message", data["error"]))
+                        return
+                    for choice in data.get("choices", []):
+                        ids = choice.get("token_ids") or []
+                        if ids:
+                            state.t_first = state.t_first or time.monotonic()
+                            state.chunks.append(list(ids))
+                            wake.put_nowait(("http", ids))
+                        if choice.get("finish_reason"):
+                            state.finish_reason = choice["finish_reason"]
+                    if data.get("usage"):
+                        state.num_prompt_tokens = data["usage"].get("prompt_tokens", 0)
+                    if data.get("metrics"):
+                        state.metrics = data["metrics"].get("speculative_decoding")
+        except httpx.HTTPError as e:
+            state.error = f"lost the connection to the engine: {e!r}"
+        finally:
+            state.done = True
+            wake.put_nowait(("done", None))
+
+    async def generate(
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[Step | RequestResult]:
+        """Yield each Step as the engine runs it, then the RequestResult."""
+        rid = request_id or uuid.uuid4().hex
+        body: dict[str, Any] = {
+            "model": self.model,
+            "prompt": self.render_prompt(prompt),
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+            "request_id": rid,
+        }
+        if seed is not None:
+            body["seed"] = seed
+        state = _HttpState()
+        wake: asyncio.Queue = self.tap.register(rid) if self.tap else asyncio.Queue()
+        t_start = time.monotonic()
+        task = asyncio.create_task(self._stream_http(body, state, wake))
+        text = IncrementalText(self.tokenizer)
+        steps: list[Step] = []
+        try:
+            if self.tap is not None:
+                async for step in self._steps_from_tap(wake, state, text):
+                    steps.append(step)
+                    yield step
+            else:
+                async for step in self._steps_from_chunks(wake, state, text):
+                    steps.append(step)
+                    yield step
+            await task
+        finally:
+            if not task.done():
+                task.cancel()  # the consumer went away: abort the request
+            if self.tap:
+                self.tap.unregister(rid)
+        if state.error:
+            raise RequestError(state.error)
+        provenance = "tap" if self.tap is not None else "counts"
+        if self.tap is None:
+            steps = self._reconcile_counts(state, steps)
+        token_ids = [i for s in steps for i in s.emitted]
+        http_ids = [i for c in state.chunks for i in c]
+        if token_ids != http_ids:
+            raise RequestError(
+                f"provenance mismatch for request {rid}: the tap saw {len(token_ids)} tokens, "
+                f"the stream {len(http_ids)} (tap messages lost?)"
+            )
+        k_max = state.metrics["num_spec_tokens"] if state.metrics else max((s.k for s in steps), default=0)
+        tap_metrics = (
+            metrics_from_steps([(s.num_drafted, s.accepted) for s in steps], k_max)
+            if state.metrics is not None
+            else None
+        )
+        yield RequestResult(
+            request_id=rid,
+            prompt=prompt,
+            text="".join(tok.text for s in steps for tok in s.tokens),
+            token_ids=token_ids,
+            kinds=[tok.kind for s in steps for tok in s.tokens],  # type: ignore[misc]
+            steps=steps,
+            provenance=provenance,
+            spec_decode_metrics=state.metrics,
+            tap_metrics=tap_metrics,
+            finish_reason=state.finish_reason,
+            num_prompt_tokens=state.num_prompt_tokens,
+            t_start=t_start,
+            t_first_token=state.t_first,
+            t_end=time.monotonic(),
+        )
+
+    def _make_step(
+        self, index: int, t: float, wall_s: float, batch_size: int, k: int,
+        drafted: list[int] | None, num_drafted: int, accepted: int, emitted: list[int],
+        text: IncrementalText, finish_reason: str | None = None,
+    ) -> Step:
+        kinds = kinds_for_step(index, num_drafted, accepted, len(emitted))
+        tokens = [
+            Token(
+                id=tid, text=text.push(tid), kind=kind, step=index,
+                draft_pos=(j + 1) if kind == "accepted" else None,
+                k=k, batch_size=batch_size,
+                draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
+            )
+            for j, (tid, kind) in enumerate(zip(emitted, kinds))
+        ]
+        rejected = [
+            Token(
+                id=did, text=draft_text(self.tokenizer, did), kind="rejected", step=index,
+                draft_pos=accepted + j + 1, k=k, batch_size=batch_size, draft_id=did,
+            )
+            for j, did in enumerate((drafted or [])[accepted:])
+        ]
+        return Step(
+            index=index, t=t, wall_s=wall_s, batch_size=batch_size, k=k,
+            drafted=drafted, num_drafted=num_drafted, accepted=accepted,
+            emitted=list(emitted), tokens=tokens, rejected=rejected, finish_reason=finish_reason,
+        )
+
+    async def _steps_from_tap(
+        self, wake: asyncio.Queue, state: _HttpState, text: IncrementalText
+    ) -> AsyncIterator[Step]:
+        index = 0
+        seen = 0
+        finished = False
+        while True:
+            if state.done and (state.error or finished or seen >= sum(map(len, state.chunks))):
+                return
+            try:
+                item = await asyncio.wait_for(wake.get(), TAP_GRACE_S if state.done else None)
+            except asyncio.TimeoutError:
+                return  # the tap never delivered the rest; generate() reports it
+            if not isinstance(item[0], str):
+                tstep, r = item
+                if not r.emitted and not r.drafted:
+                    continue  # a prefill chunk that produced no token yet
+                yield self._make_step(
+                    index, tstep.t, tstep.wall_s, tstep.batch_size, tstep.k,
+                    list(r.drafted), len(r.drafted), r.accepted, list(r.emitted), text,
+                    r.finish_reason,
+                )
+                index += 1
+                seen += len(r.emitted)
+                finished = finished or r.finish_reason is not None
+
+    async def _steps_from_chunks(
+        self, wake: asyncio.Queue, state: _HttpState, text: IncrementalText
+    ) -> AsyncIterator[Step]:
+        # Live view without the tap: one chunk ~ one step; exact counts at the end.
+        index = 0
+        while True:
+            kind, ids = await wake.get()
+            if kind == "done":
+                return
+            n = len(ids)
+            yield self._make_step(
+                index, time.monotonic(), 0.0, 0, self.k_hint, None,
+                0 if index == 0 else self.k_hint, 0 if index == 0 else n - 1, ids, text,
+            )
+            index += 1
+
+    def _reconcile_counts(self, state: _HttpState, live: list[Step]) -> list[Step]:
+        """Rebuild attach-mode steps from vLLM's exact per-step counts."""
+        m = state.metrics or {}
+        plan, _exact = steps_from_counts(
+            [len(c) for c in state.chunks], m.get("per_step_accepted", []), m.get("per_step_drafted", [])
+        )
+        ids = [i for c in state.chunks for i in c]
+        k = m.get("num_spec_tokens", 0)
+        text = IncrementalText(self.tokenizer)
+        out: list[Step] = []
+        pos = 0
+        t_of = [s.t for s in live]
+        for index, (num_drafted, accepted, n) in enumerate(plan):
+            emitted = ids[pos : pos + n]
+            pos += n
+            t = t_of[min(index, len(t_of) - 1)] if t_of else 0.0
+            out.append(self._make_step(index, t, 0.0, 0, k, None, num_drafted, accepted, emitted, text))
+        return out

@@ -1,0 +1,162 @@
+"""What engine to run: method, K, K table, models, and the vLLM arguments for it.
+
+Contract: ``EngineConfig`` is a plain dataclass; ``server_args(config, target_dir,
+draft_dir, port)`` gives the argument list for vLLM's OpenAI server;
+``validate_k_table`` applies vLLM's own rules for
+``num_speculative_tokens_per_batch_size`` and raises ``ValueError`` with a
+message a person can act on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Method = Literal["off", "ngram", "draft", "suffix"]
+METHODS: tuple[Method, ...] = ("off", "ngram", "draft", "suffix")
+# One row of vLLM's Dynamic SD table: inclusive batch-size range -> K.
+KTable = list[tuple[int, int, int]]
+
+
+def suffix_available() -> bool:
+    """vLLM's suffix drafter needs the arctic-inference package."""
+    return importlib.util.find_spec("arctic_inference") is not None
+
+
+def available_methods() -> list[Method]:
+    return [m for m in METHODS if m != "suffix" or suffix_available()]
+
+
+@dataclass
+class EngineConfig:
+    method: Method = "draft"
+    k: int = 3  # num_speculative_tokens
+    k_table: KTable | None = None  # num_speculative_tokens_per_batch_size
+    target: str = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    draft: str = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    dtype: str = "bfloat16"
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    kv_cache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE
+    enforce_eager: bool = True  # skip torch.compile: starts in seconds, not minutes
+    tap: bool = True  # load the scheduler tap
+    ngram_min: int = 1
+    ngram_max: int = 4
+    extra_args: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        if self.method == "suffix" and not suffix_available():
+            raise ValueError("method 'suffix' needs the arctic-inference package (pip install arctic-inference)")
+        if self.method != "off" and not 1 <= self.k <= 16:
+            raise ValueError(f"K (num_speculative_tokens) must be between 1 and 16; got {self.k}")
+        if self.k_table is not None:
+            self.k_table = validate_k_table(self.k_table)
+
+    @property
+    def async_scheduling(self) -> bool:
+        """vLLM's own default: async for no speculation and model drafters,
+        sync for the CPU-side drafters (ngram, suffix)."""
+        return self.method in ("off", "draft")
+
+
+def validate_k_table(table: Any) -> KTable:
+    """vLLM's rules for num_speculative_tokens_per_batch_size, clear errors.
+
+    A list of inclusive [start_bs, end_bs, K] rows, sorted, non-overlapping,
+    the first starting at 1; gaps inherit the previous K; K=0 means no drafts.
+    """
+    if isinstance(table, str):
+        try:
+            table = json.loads(table)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"K table is not valid JSON: {e.msg} (at character {e.pos})") from None
+    if not isinstance(table, (list, tuple)) or not table:
+        raise ValueError("K table must be a non-empty list of [start_bs, end_bs, K] rows")
+    rows: KTable = []
+    for n, row in enumerate(table, 1):
+        if not isinstance(row, (list, tuple)) or len(row) != 3:
+            raise ValueError(f"row {n}: must be [start_bs, end_bs, K]; got {row!r}")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in row):
+            raise ValueError(f"row {n}: all three values must be integers; got {row!r}")
+        start, end, k = row
+        if start <= 0 or end <= 0:
+            raise ValueError(f"row {n}: batch sizes must be positive; got {start}..{end}")
+        if start > end:
+            raise ValueError(f"row {n}: start {start} is greater than end {end}")
+        if k < 0:
+            raise ValueError(f"row {n}: K must be >= 0 (0 = no drafts); got {k}")
+        if rows and start <= rows[-1][1]:
+            raise ValueError(
+                f"row {n}: ranges must be sorted and must not overlap "
+                f"(starts at {start}, previous row ends at {rows[-1][1]})"
+            )
+        rows.append((start, end, k))
+    if rows[0][0] != 1:
+        raise ValueError(f"the first row must start at batch size 1 (starts at {rows[0][0]})")
+    return rows
+
+
+def k_for_batch_size(table: KTable, batch_size: int, k_max: int) -> int:
+    """The K vLLM uses at ``batch_size`` under ``table`` (capped by num_speculative_tokens)."""
+    k = table[0][2]
+    for start, end, row_k in table:
+        if batch_size < start:
+            break  # in a gap: the previous row's K carries forward
+        k = row_k
+    return min(k, k_max)
+
+
+def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str, Any] | None:
+    if config.method == "off":
+        return None
+    spec: dict[str, Any] = {"num_speculative_tokens": config.k}
+    if config.method == "ngram":
+        spec |= {
+            "method": "ngram",
+            "prompt_lookup_min": config.ngram_min,
+            "prompt_lookup_max": config.ngram_max,
+        }
+    elif config.method == "draft":
+        spec |= {"method": "draft_model", "model": draft_dir}
+    elif config.method == "suffix":
+        spec |= {"method": "suffix"}
+    if config.k_table is not None:
+        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in config.k_table]
+    return spec
+
+
+def server_args(
+    config: EngineConfig, target_dir: str, draft_dir: str | None, port: int
+) -> list[str]:
+    """Arguments for ``python -m vllm.entrypoints.openai.api_server``."""
+    args = [
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--model", target_dir,
+        "--served-model-name", "target",
+        "--dtype", config.dtype,
+        "--max-model-len", str(config.max_model_len),
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--stream-interval", "1",
+        "--seed", "0",
+    ]
+    if config.enforce_eager:
+        args.append("--enforce-eager")
+    spec = speculative_config(config, draft_dir)
+    if spec is not None:
+        args += [
+            "--speculative-config", json.dumps(spec),
+            "--per-request-spec-decode-metrics", "detailed",
+        ]
+    args.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
+    if config.tap:
+        cls = "TapAsyncScheduler" if config.async_scheduling else "TapScheduler"
+        args += ["--scheduler-cls", f"engine_adapter.scheduler_tap.{cls}"]
+    return args + list(config.extra_args)

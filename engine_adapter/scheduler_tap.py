@@ -1,0 +1,150 @@
+"""Scheduler tap: vLLM v1 scheduler subclasses that publish every engine step.
+
+Loaded inside vLLM's engine-core process with
+``--scheduler-cls engine_adapter.scheduler_tap.TapScheduler`` (or
+``TapAsyncScheduler`` when vLLM runs async scheduling). Behaviour is vLLM's own;
+the tap only observes:
+
+- ``schedule()``: remembers when the step started;
+- ``update_from_output()``: after vLLM has processed the step, reads per request
+  the draft ids that were verified (``scheduled_spec_decode_tokens``), the ids
+  the target sampled (accepted drafts + 1, before any stop truncation) and the
+  ids actually appended to the output (``EngineCoreOutput.new_token_ids``), and
+  publishes one ``tap_wire`` message on a ZMQ PUB socket.
+
+The socket address comes from the environment (``SPEC_EXPLORER_TAP_ADDR``);
+without it the subclasses behave exactly as vLLM's scheduler. Publishing never
+blocks the engine: if no reader keeps up, messages are dropped and counted.
+The tap's own time per step is measured and sent with the next step, so its
+overhead is a measured number, not a claim.
+
+This module pins vLLM internals (tested with vllm 0.32.0).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import zmq
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from engine_adapter.tap_wire import TAP_ADDR_ENV, encode_step
+
+
+class _StepPublisher:
+    """Owns the PUB socket and the per-step bookkeeping of one scheduler."""
+
+    def __init__(self, addr: str) -> None:
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.PUB)
+        self._sock.setsockopt(zmq.SNDHWM, 100_000)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(addr)  # the adapter binds; engines come and go
+        self.seq = 0
+        self.dropped = 0
+        self.last_tap_s = 0.0
+        self.last_end = time.monotonic()
+        # id(scheduler_output) -> perf_counter at schedule() start; async
+        # scheduling keeps up to two steps in flight.
+        self.started: dict[int, float] = {}
+
+    def publish(self, payload: bytes) -> None:
+        try:
+            self._sock.send(payload, zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+
+class _TapMixin:
+    """Mixed in before a vLLM scheduler class; see the module docstring."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        addr = os.environ.get(TAP_ADDR_ENV)
+        self._tap = _StepPublisher(addr) if addr else None
+
+    def schedule(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = super().schedule(*args, **kwargs)
+        if self._tap is not None:
+            self._tap.started[id(out)] = t0
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        tap = self._tap
+        if tap is None:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        t_pre = time.perf_counter()
+        # vLLM truncates the sampled lists in place at a stop, so count first.
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        num_sampled = {
+            rid: len(sampled[i]) for rid, i in index.items()
+        } if sampled else {}
+        pre_s = time.perf_counter() - t_pre
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        t_in = time.perf_counter()
+        start = tap.started.pop(id(scheduler_output), t_pre)
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        if not num_scheduled:
+            return result  # an empty step: nothing ran
+
+        # ids appended to each request's output this step, after stop checks
+        emitted: dict[str, tuple[list[int], str | None]] = {}
+        for outs in result.values():
+            for o in outs.outputs:
+                reason = o.finish_reason
+                emitted[o.request_id] = (
+                    list(o.new_token_ids),
+                    None if reason is None else str(reason),
+                )
+
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        reqs = []
+        for req_id in num_scheduled:
+            drafted = spec.get(req_id) or []
+            n_sampled = num_sampled.get(req_id, 0)
+            # vLLM's own rule (Scheduler.update_from_output): accepted =
+            # sampled - 1, counted only when drafts were verified and sampled.
+            accepted = max(n_sampled - 1, 0) if (drafted and n_sampled) else 0
+            ids, reason = emitted.get(req_id, ([], None))
+            request = self.requests.get(req_id)
+            n_prompt = request.num_prompt_tokens if request is not None else 0
+            reqs.append([req_id, list(drafted), accepted, ids, reason, n_prompt])
+
+        now = time.monotonic()
+        tap.seq += 1
+        payload = encode_step(
+            tap.seq,
+            now,
+            t_pre - start + (t_in - t_pre - pre_s),  # vLLM's time, ours excluded
+            now - tap.last_end,
+            len(num_scheduled),
+            scheduler_output.num_spec_tokens_to_schedule,
+            scheduler_output.total_num_scheduled_tokens,
+            tap.last_tap_s,
+            tap.dropped,
+            reqs,
+        )
+        tap.publish(payload)
+        tap.last_end = now
+        tap.last_tap_s = time.perf_counter() - t_in + pre_s
+        return result
+
+    def shutdown(self) -> None:
+        if self._tap is not None:
+            self._tap.close()
+        super().shutdown()
+
+
+class TapScheduler(_TapMixin, Scheduler):
+    """vLLM's synchronous scheduler with the tap."""
+
+
+class TapAsyncScheduler(_TapMixin, AsyncScheduler):
+    """vLLM's async scheduler with the tap."""

@@ -1,0 +1,89 @@
+"""Run a command so that it can never outlive the process that started it.
+
+Usage (by the launcher, never by hand):
+    python -m engine_adapter.supervise -- CMD ARGS...
+
+The launcher starts this in a new session (its own process group) with a pipe
+on stdin. We start CMD in the same group and wait. If the pipe closes (the app
+exited, crashed or was killed with SIGKILL) or we get SIGTERM/SIGINT, we end
+the whole process group: SIGTERM, then SIGKILL after a grace period. vLLM's
+API server spawns an engine-core and a worker process; all of them are in the
+group, so none is orphaned.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+GRACE_S = 8.0
+
+
+def _kill_group(grace_s: float = GRACE_S) -> None:
+    pgid = os.getpgrp()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # we are in the group too
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_has_others(pgid):
+            return
+        time.sleep(0.1)
+    os.killpg(pgid, signal.SIGKILL)
+
+
+def _group_has_others(pgid: int) -> bool:
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is the state, fields[2] the process group id
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        print("usage: python -m engine_adapter.supervise -- CMD ...", file=sys.stderr)
+        return 2
+    cmd = argv[argv.index("--") + 1 :]
+    child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def watch_parent() -> None:
+        # stdin is the launcher's pipe: EOF means the launcher is gone
+        try:
+            while sys.stdin.buffer.read(1):
+                pass
+        except OSError:
+            pass
+        stop.set()
+
+    threading.Thread(target=watch_parent, daemon=True).start()
+    while not stop.is_set() and child.poll() is None:
+        stop.wait(0.2)
+    code = child.poll()
+    _kill_group()
+    return code if code is not None else 143
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

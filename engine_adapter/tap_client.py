@@ -1,0 +1,126 @@
+"""Receiving end of the scheduler tap: decode step messages and route them.
+
+Contract: ``TapReceiver(addr)`` binds a ZMQ SUB socket at ``addr`` (the tap in
+the engine connects to it) and, once ``start()``-ed inside a running event
+loop, delivers:
+- to the queue registered for a request (``register(request_id)``) every
+  ``(TapStep, TapRequestStep)`` pair that names it, in engine order;
+- to every ``watch()`` queue one ``EngineStep`` summary per engine step.
+
+Request ids: the OpenAI server turns our ``request_id`` X into the engine id
+``cmpl-X-0-<8 hex>``; ``our_request_id`` undoes that deliberately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import zmq
+import zmq.asyncio
+
+from engine_adapter.records import EngineStep
+from engine_adapter.tap_wire import TapRequestStep, TapStep, decode_step
+
+
+def our_request_id(engine_request_id: str) -> str:
+    """'cmpl-abc-0-1a2b3c4d' -> 'abc' (our ids contain no '-')."""
+    rid = engine_request_id
+    for prefix in ("cmpl-", "chatcmpl-"):
+        if rid.startswith(prefix):
+            rid = rid[len(prefix) :]
+            break
+    return rid.split("-", 1)[0]
+
+
+def summarize(step: TapStep) -> EngineStep:
+    """Server-wide counts of one step, including acceptance per draft position."""
+    k = max((len(r.drafted) for r in step.reqs), default=0)
+    acc_pos = [0] * k
+    drafted_pos = [0] * k
+    drafted = accepted = emitted = 0
+    for r in step.reqs:
+        drafted += len(r.drafted)
+        accepted += r.accepted
+        emitted += len(r.emitted)
+        for i in range(len(r.drafted)):
+            drafted_pos[i] += 1
+            if i < r.accepted:
+                acc_pos[i] += 1
+    return EngineStep(
+        seq=step.seq,
+        t=step.t,
+        wall_s=step.wall_s,
+        interval_s=step.interval_s,
+        batch_size=step.batch_size,
+        k=step.k,
+        num_tokens=step.num_tokens,
+        num_drafted=drafted,
+        num_accepted=accepted,
+        num_emitted=emitted,
+        accepted_per_pos=tuple(acc_pos),
+        drafted_per_pos=tuple(drafted_pos),
+        tap_s=step.tap_s,
+    )
+
+
+class TapReceiver:
+    def __init__(self, addr: str, watch_maxsize: int = 10_000) -> None:
+        self.addr = addr
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.SUB)
+        self._sock.setsockopt(zmq.RCVHWM, 100_000)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SUBSCRIBE, b"")
+        self._sock.bind(addr)
+        self._routes: dict[str, asyncio.Queue[tuple[TapStep, TapRequestStep]]] = {}
+        self._watchers: list[asyncio.Queue[EngineStep]] = []
+        self._watch_maxsize = watch_maxsize
+        self._task: asyncio.Task | None = None
+        self.steps_seen = 0
+        self.last_step: EngineStep | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def register(self, request_id: str) -> asyncio.Queue[tuple[TapStep, TapRequestStep]]:
+        q: asyncio.Queue[tuple[TapStep, TapRequestStep]] = asyncio.Queue()
+        self._routes[request_id] = q
+        return q
+
+    def unregister(self, request_id: str) -> None:
+        self._routes.pop(request_id, None)
+
+    def watch(self) -> asyncio.Queue[EngineStep]:
+        q: asyncio.Queue[EngineStep] = asyncio.Queue(maxsize=self._watch_maxsize)
+        self._watchers.append(q)
+        return q
+
+    def unwatch(self, q: asyncio.Queue[EngineStep]) -> None:
+        with contextlib.suppress(ValueError):
+            self._watchers.remove(q)
+
+    async def _run(self) -> None:
+        while True:
+            step = decode_step(await self._sock.recv())
+            self.steps_seen += 1
+            for r in step.reqs:
+                q = self._routes.get(our_request_id(r.engine_request_id))
+                if q is not None:
+                    q.put_nowait((step, r))
+            summary = summarize(step)
+            self.last_step = summary
+            for w in self._watchers:
+                if w.full():  # a slow watcher loses its oldest steps, not the engine
+                    w.get_nowait()
+                w.put_nowait(summary)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._sock.close(0)
+        self._ctx.term()

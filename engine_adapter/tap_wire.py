@@ -1,0 +1,95 @@
+"""Wire format of the scheduler tap: one msgpack message per engine step.
+
+Contract: the tap (inside vLLM's engine-core process) calls ``encode_step``;
+the adapter (in the app's process) calls ``decode_step``. Both sides import
+only this module for the format, so it holds no vLLM and no UI imports.
+
+A step message is a msgpack array (compact, ~1 us to encode for a small batch):
+
+    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs]
+
+- seq:         engine step counter (int, starts at 1, counts steps with work)
+- t:           time.monotonic() at the end of the step, seconds (CLOCK_MONOTONIC
+               is system-wide on Linux, so it compares across processes)
+- wall_s:      seconds from the start of ``schedule()`` to the end of
+               ``update_from_output()`` for this step
+- interval_s:  seconds since the previous step ended (idle time included)
+- batch_size:  number of requests scheduled in the step
+- k:           num_spec_tokens_to_schedule, the K in force for the step
+- num_tokens:  total tokens scheduled (prefill chunks + 1 + drafts per request)
+- tap_s:       seconds the tap itself spent on the PREVIOUS step, send included
+- dropped:     messages dropped so far because no reader kept up
+- reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
+               finish_reason_or_None, num_prompt_tokens]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
+
+
+@dataclass(frozen=True, slots=True)
+class TapRequestStep:
+    engine_request_id: str
+    drafted: list[int]  # draft ids verified this step, [K_eff]; [] = no draft
+    accepted: int  # drafts the target kept, 0..len(drafted)
+    emitted: list[int]  # ids appended to the output (accepted + 1, or fewer at a stop)
+    finish_reason: str | None
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class TapStep:
+    seq: int
+    t: float
+    wall_s: float
+    interval_s: float
+    batch_size: int
+    k: int
+    num_tokens: int
+    tap_s: float
+    dropped: int
+    reqs: list[TapRequestStep]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+def encode_step(
+    seq: int,
+    t: float,
+    wall_s: float,
+    interval_s: float,
+    batch_size: int,
+    k: int,
+    num_tokens: int,
+    tap_s: float,
+    dropped: int,
+    reqs: list[list],
+) -> bytes:
+    return _encoder.encode(
+        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs]
+    )
+
+
+def decode_step(payload: bytes) -> TapStep:
+    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs = _decoder.decode(
+        payload
+    )
+    return TapStep(
+        seq=seq,
+        t=t,
+        wall_s=wall_s,
+        interval_s=interval_s,
+        batch_size=bs,
+        k=k,
+        num_tokens=num_tokens,
+        tap_s=tap_s,
+        dropped=dropped,
+        reqs=[TapRequestStep(*r) for r in reqs],
+    )
