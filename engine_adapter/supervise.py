@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     def watch_parent() -> None:
         # stdin is the launcher's pipe: EOF means the launcher is gone
         try:
-            while sys.stdin.buffer.read(1):
+            while os.read(0, 1):
                 pass
         except OSError:
             pass

@@ -1,0 +1,98 @@
+"""One handle for a live engine: started by us (with the tap) or attached to.
+
+Contract:
+    engine = await LiveEngine.launch(EngineConfig(...), progress=print)
+    engine = await LiveEngine.attach("http://127.0.0.1:8000", tokenizer_dir=None)
+    engine.client.generate(...)      # see engine_adapter.client
+    await engine.close()             # stops the process if we started it
+
+``launch`` runs the blocking start-up in a worker thread so an event loop (the
+UI's) keeps running and can show progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from engine_adapter.client import EngineClient
+from engine_adapter.engine_config import EngineConfig
+from engine_adapter.launcher import EngineProcess, EngineStartError, ProgressFn
+from engine_adapter.token_text import load_tokenizer
+
+
+@dataclass
+class LiveEngine:
+    client: EngineClient
+    config: EngineConfig | None  # None when attached
+    process: EngineProcess | None  # None when attached
+    url: str
+    vllm_version: str | None
+
+    @property
+    def attached(self) -> bool:
+        return self.process is None
+
+    @classmethod
+    async def launch(
+        cls,
+        config: EngineConfig,
+        *,
+        progress: ProgressFn | None = None,
+        port: int | None = None,
+        resolve: Any = None,
+    ) -> LiveEngine:
+        proc = EngineProcess(config, port=port, resolve=resolve)
+        try:
+            await asyncio.to_thread(proc.start, progress)
+            tokenizer = await asyncio.to_thread(load_tokenizer, proc.target_dir)
+            client = EngineClient(
+                proc.url, tokenizer, tap_addr=proc.tap_addr, k_hint=config.k
+            )
+            await client.start()
+        except BaseException:
+            proc.stop()
+            raise
+        version = await _server_version(proc.url)
+        return cls(client=client, config=config, process=proc, url=proc.url, vllm_version=version)
+
+    @classmethod
+    async def attach(
+        cls, url: str, *, tokenizer_dir: str | Path | None = None, k_hint: int = 0
+    ) -> LiveEngine:
+        url = url.rstrip("/")
+        async with httpx.AsyncClient(timeout=10.0) as http:
+            try:
+                r = await http.get(f"{url}/v1/models")
+                r.raise_for_status()
+            except httpx.HTTPError as e:
+                raise EngineStartError(f"no vLLM server answers at {url}: {e}") from e
+            model = r.json()["data"][0]
+        source = tokenizer_dir or model.get("root") or model["id"]
+        if not Path(str(source)).is_dir():
+            from engine_adapter.models import resolve_model
+
+            source = await asyncio.to_thread(resolve_model, str(source))
+        tokenizer = await asyncio.to_thread(load_tokenizer, source)
+        client = EngineClient(url, tokenizer, tap_addr=None, model=model["id"], k_hint=k_hint)
+        await client.start()
+        return cls(client=client, config=None, process=None, url=url,
+                   vllm_version=await _server_version(url))
+
+    async def close(self) -> None:
+        await self.client.close()
+        if self.process is not None:
+            await asyncio.to_thread(self.process.stop)
+
+
+async def _server_version(url: str) -> str | None:
+    async with httpx.AsyncClient(timeout=5.0) as http:
+        try:
+            r = await http.get(f"{url}/version")
+            return r.json().get("version")
+        except (httpx.HTTPError, ValueError):
+            return None

@@ -1,0 +1,149 @@
+"""Closed-loop load: N requests always in flight, bounded in count and time.
+
+Contract:
+- ``run_prompts(client, prompts, concurrency, ...)`` runs every prompt once
+  with ``concurrency`` requests in flight (like ``vllm bench serve
+  --max-concurrency N``) and returns the results in prompt order.
+- ``BackgroundLoad(client, prompts, ...)`` keeps ``set_concurrency(n)``
+  requests in flight, cycling through the prompts, until ``stop()``, its
+  ``max_requests`` or its ``max_seconds`` run out; lowering N cancels the
+  extra requests at once (vLLM aborts a request whose stream is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from engine_adapter.client import EngineClient
+from engine_adapter.records import RequestResult
+
+
+async def _run_one(
+    client: EngineClient, prompt: str, max_tokens: int, temperature: float
+) -> RequestResult:
+    result = None
+    async for item in client.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+        if isinstance(item, RequestResult):
+            result = item
+    assert result is not None
+    return result
+
+
+async def run_prompts(
+    client: EngineClient,
+    prompts: Sequence[str],
+    concurrency: int,
+    *,
+    max_tokens: int,
+    temperature: float = 0.0,
+    on_result: Callable[[int, RequestResult], None] | None = None,
+) -> list[RequestResult]:
+    if concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    results: list[RequestResult | None] = [None] * len(prompts)
+    todo = iter(range(len(prompts)))
+
+    async def worker() -> None:
+        for i in todo:  # a shared iterator: each prompt is taken once
+            results[i] = await _run_one(client, prompts[i], max_tokens, temperature)
+            if on_result:
+                on_result(i, results[i])
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(prompts)))))
+    return [r for r in results if r is not None]
+
+
+@dataclass
+class LoadStats:
+    target: int  # requests the load tries to keep in flight
+    in_flight: int
+    completed: int
+    failed: int
+    tokens: int  # completion tokens of completed requests
+    last_error: str | None
+
+
+class BackgroundLoad:
+    """A closed-loop load whose concurrency can change while it runs."""
+
+    def __init__(
+        self,
+        client: EngineClient,
+        prompts: Sequence[str],
+        *,
+        max_tokens: int = 128,
+        temperature: float = 0.0,
+        max_requests: int = 10_000,
+        max_seconds: float = 1800.0,
+        max_concurrency: int = 64,
+    ) -> None:
+        if not prompts:
+            raise ValueError("background load needs at least one prompt")
+        self.client = client
+        self._prompts = itertools.cycle(list(prompts))
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.max_requests = max_requests
+        self.max_concurrency = max_concurrency
+        self._deadline = time.monotonic() + max_seconds
+        self._tasks: list[asyncio.Task] = []
+        self._started = 0
+        self.completed = 0
+        self.failed = 0
+        self.tokens = 0
+        self.last_error: str | None = None
+        # (monotonic time, completion tokens) of finished requests, for rates
+        self.finished_log: list[tuple[float, int]] = []
+
+    @property
+    def target(self) -> int:
+        return len(self._tasks)
+
+    def stats(self) -> LoadStats:
+        in_flight = sum(1 for t in self._tasks if not t.done())
+        return LoadStats(self.target, in_flight, self.completed, self.failed, self.tokens, self.last_error)
+
+    def tokens_per_second(self, window_s: float = 10.0) -> float:
+        now = time.monotonic()
+        recent = [n for t, n in self.finished_log if now - t <= window_s]
+        return sum(recent) / window_s
+
+    def set_concurrency(self, n: int) -> int:
+        """Keep ``n`` requests in flight (clamped to 0..max_concurrency); returns n."""
+        n = max(0, min(int(n), self.max_concurrency))
+        while len(self._tasks) < n:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._worker()))
+        while len(self._tasks) > n:
+            self._tasks.pop().cancel()
+        return n
+
+    async def _worker(self) -> None:
+        while time.monotonic() < self._deadline and self._started < self.max_requests:
+            self._started += 1
+            try:
+                result = await _run_one(self.client, next(self._prompts), self.max_tokens, self.temperature)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # keep the load going; the count and message show it
+                self.failed += 1
+                self.last_error = str(e)
+                await asyncio.sleep(1.0)
+                continue
+            self.completed += 1
+            self.tokens += len(result.token_ids)
+            self.finished_log.append((time.monotonic(), len(result.token_ids)))
+            if len(self.finished_log) > 10_000:
+                del self.finished_log[:5_000]
+
+    async def stop(self) -> None:
+        tasks, self._tasks = self._tasks, []
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t

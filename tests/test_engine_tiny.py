@@ -1,0 +1,142 @@
+"""The truth pipeline on a real vLLM engine with tiny models.
+
+Every test drives vLLM's OpenAI server started by our launcher with the
+scheduler tap, and checks the provenance against vLLM's own numbers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from engine_adapter.load import run_prompts
+from engine_adapter.prom import fetch_snapshot
+from engine_adapter.provenance import kinds_for_step
+from engine_adapter.records import RequestResult, Step
+
+PROMPTS = [
+    "def add(a, b):",
+    "The quick brown fox",
+    "for i in range(10):",
+    "Once upon a time there was",
+]
+
+
+async def run(engine, prompt: str, max_tokens: int = 40, temperature: float = 0.0):
+    steps: list[Step] = []
+    result = None
+    async for item in engine.client.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+        if isinstance(item, Step):
+            steps.append(item)
+        else:
+            result = item
+    assert isinstance(result, RequestResult)
+    assert [s.emitted for s in steps] == [s.emitted for s in result.steps], "streamed = final steps"
+    return result
+
+
+def check_invariants(r: RequestResult) -> None:
+    """The trace invariants of the issue, for one request."""
+    assert [i for s in r.steps for i in s.emitted] == r.token_ids
+    assert r.steps[0].num_drafted == 0 and r.kinds[0] == "prefill"
+    kinds = []
+    for s in r.steps:
+        if s.drafted is not None:
+            assert s.num_drafted == len(s.drafted)
+            # the accepted prefix of the step is exactly its drafts
+            # (a stop may cut the step short: fewer emitted than accepted + 1)
+            n = min(s.accepted, len(s.emitted))
+            assert s.emitted[:n] == s.drafted[:n]
+            if s.accepted < s.num_drafted and len(s.emitted) > s.accepted:
+                # the recovered token is never the draft it replaced
+                assert s.emitted[s.accepted] != s.drafted[s.accepted]
+            assert [t.id for t in s.rejected] == s.drafted[s.accepted :]
+        assert 0 <= s.accepted <= s.num_drafted <= max(s.k, 0) or s.num_drafted == 0
+        kinds += kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted))
+    assert kinds == r.kinds
+    assert len(r.kinds) == len(r.token_ids)
+    if r.spec_decode_metrics is not None:
+        # per-step accepted/drafted (and everything derived) equal vLLM's own
+        assert r.tap_metrics.to_dict() == r.spec_decode_metrics
+
+
+@pytest.mark.parametrize(
+    "draft, low, high",
+    [
+        ("same", 1.0, 1.0),  # a draft equal to the target: every draft is kept
+        ("random", 0.0, 0.1),  # an independent random init: (almost) none kept
+        ("perturbed", 0.1, 0.95),  # a noisy copy: some kept
+    ],
+)
+async def test_draft_acceptance_by_draft_quality(engines, draft, low, high):
+    engine = await engines.get("draft", draft)
+    rates = []
+    for prompt in PROMPTS:
+        r = await run(engine, prompt)
+        check_invariants(r)
+        assert r.provenance == "tap"
+        rates.append(r.spec_decode_metrics["draft_acceptance_rate"])
+    mean = sum(rates) / len(rates)
+    assert low <= mean <= high, rates
+
+
+@pytest.mark.parametrize("method, draft", [("draft", "same"), ("draft", "random"),
+                                           ("draft", "perturbed"), ("ngram", "same")])
+async def test_greedy_speculative_text_equals_plain_text(engines, method, draft):
+    plain = await engines.get("off")
+    spec = await engines.get(method, draft)
+    for prompt in PROMPTS:
+        a = await run(plain, prompt, max_tokens=48)
+        b = await run(spec, prompt, max_tokens=48)
+        assert a.spec_decode_metrics is None and all(k in ("prefill", "plain") for k in a.kinds)
+        check_invariants(b)
+        assert b.token_ids == a.token_ids, f"speculation changed greedy output for {prompt!r}"
+        assert b.text == a.text
+
+
+async def test_concurrent_requests_keep_exact_provenance(engines):
+    engine = await engines.get("draft", "perturbed")
+    results = await run_prompts(engine.client, PROMPTS * 2, 8, max_tokens=32)
+    assert len(results) == 8
+    for r in results:
+        check_invariants(r)
+    assert max(s.batch_size for r in results for s in r.steps) > 1
+
+
+async def test_ngram_steps_without_drafts_are_plain(engines):
+    engine = await engines.get("ngram")
+    r = await run(engine, "ab ab ab ab ab ab ab ab", max_tokens=40)
+    check_invariants(r)
+    assert r.spec_decode_metrics["num_spec_tokens"] == 3
+
+
+async def test_stop_cuts_the_last_step_short(engines):
+    # With a draft equal to the target every step would emit K+1 = 4 tokens;
+    # max_tokens=6 forces the last step to stop early. vLLM still counts the
+    # drafts it accepted in that step; our metrics must agree.
+    engine = await engines.get("draft", "same")
+    r = await run(engine, PROMPTS[0], max_tokens=6)
+    check_invariants(r)
+    assert len(r.token_ids) == 6
+    last = r.steps[-1]
+    assert len(last.emitted) < last.accepted + 1
+    assert r.finish_reason == "length"
+
+
+async def test_prometheus_deltas_match_the_request(engines):
+    engine = await engines.get("draft", "perturbed")
+    async with httpx.AsyncClient() as http:
+        before = await fetch_snapshot(http, engine.url)
+        r = await run(engine, PROMPTS[1], max_tokens=40)
+        await asyncio.sleep(1.5)  # vLLM publishes its counters once per logging interval
+        after = await fetch_snapshot(http, engine.url)
+    delta = after - before
+    m = r.spec_decode_metrics
+    assert delta.counts["draft_tokens"] == m["num_draft_tokens"]
+    assert delta.counts["accepted_tokens"] == m["num_accepted_draft_tokens"]
+    assert delta.effective_k == pytest.approx(3.0)
+    assert delta.draft_acceptance_rate == pytest.approx(m["draft_acceptance_rate"])
+    per_pos = delta.per_position_acceptance
+    assert len(per_pos) == 3 and all(p is None or 0 <= p <= 1 for p in per_pos)
