@@ -141,15 +141,11 @@ def steps_from_counts(
         return [], True
     spec = [(d, a) for d, a in zip(per_step_drafted, per_step_accepted)]
     spec_tokens = sum(a + 1 for _, a in spec)
-    num_plain = max(total - 1 - spec_tokens, 0)
+    # A stop can cut the last step short (to 1..accepted tokens), hiding up to
+    # ``cut`` tokens, so there are between ``fewest`` and ``fewest + cut`` plain steps.
+    fewest = total - 1 - spec_tokens
+    cut = spec[-1][1] if spec else 0
     steps: list[tuple[int, int, int]] = [(0, 0, 1)]
-    if num_plain == 0:
-        left = total - 1
-        for d, a in spec:  # the last step may be cut short by a stop
-            n = min(a + 1, left)
-            steps.append((d, a, n))
-            left -= n
-        return steps, True
 
     sizes = list(chunk_sizes)
     sizes[0] -= 1
@@ -163,10 +159,14 @@ def steps_from_counts(
         key = (j, i, p)
         if key not in memo:
             found = None
-            if i < len(spec) and sizes[j] == spec[i][1] + 1:
-                rest = align(j + 1, i + 1, p)
-                if rest is not None:
-                    found = [(spec[i][0], spec[i][1], sizes[j])] + rest
+            if i < len(spec):
+                d, a = spec[i]
+                # only the very last step can be cut short by a stop
+                last = i == len(spec) - 1 and j == len(sizes) - 1
+                if sizes[j] == a + 1 or (last and sizes[j] <= a):
+                    rest = align(j + 1, i + 1, p)
+                    if rest is not None:
+                        found = [(d, a, sizes[j])] + rest
             if found is None and p > 0 and sizes[j] == 1:
                 rest = align(j + 1, i, p - 1)
                 if rest is not None:
@@ -174,8 +174,17 @@ def steps_from_counts(
             memo[key] = found
         return memo[key]
 
-    aligned = align(0, 0, num_plain) if len(sizes) <= 900 else None  # recursion depth
-    if aligned is not None:
-        return steps + aligned, True
-    steps += [(d, a, a + 1) for d, a in spec] + [(0, 0, 1)] * num_plain
+    if len(sizes) <= 900:  # recursion depth
+        for num_plain in range(max(fewest, 0), fewest + cut + 1):  # fewest plain steps first
+            aligned = align(0, 0, num_plain)
+            if aligned is not None:
+                return steps + aligned, True
+    if fewest <= 0:  # chunks merged: the arrays alone (no plain step; last maybe cut short)
+        left = total - 1
+        for d, a in spec:
+            n = min(a + 1, left)
+            steps.append((d, a, n))
+            left -= n
+        return steps, True
+    steps += [(d, a, a + 1) for d, a in spec] + [(0, 0, 1)] * fewest
     return steps, False

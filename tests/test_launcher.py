@@ -1,0 +1,180 @@
+"""The launcher: clear failures, no orphans, and attach mode against our server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from engine_adapter.engine import LiveEngine
+from engine_adapter.launcher import EngineProcess, EngineStartError
+from engine_adapter.provenance import kinds_for_step
+from tests.conftest import tiny_config
+from tests.test_engine_tiny import PROMPTS, check_invariants, run
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def processes_mentioning(needle: str) -> list[int]:
+    """PIDs whose command line contains ``needle`` (this test process excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in cmd and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def wait_gone(needle: str, timeout_s: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        left = processes_mentioning(needle)
+        if not left:
+            return []
+        time.sleep(0.5)
+    return processes_mentioning(needle)
+
+
+@pytest.mark.parametrize(
+    "make_target, message",
+    [
+        (lambda tmp: str(tmp / "no-such-model"), "does not exist"),
+        (lambda tmp: _empty_dir(tmp), "config.json"),
+    ],
+    ids=["missing-path", "dir-without-config"],
+)
+def test_bad_model_path_is_explained_and_leaves_no_process(tiny, tmp_path, make_target, message):
+    target = make_target(tmp_path)
+    cfg = tiny_config(tiny, "draft", "same")
+    cfg.target = target
+    proc = EngineProcess(cfg)
+    with pytest.raises(EngineStartError, match=message):
+        proc.start(timeout_s=120)
+    assert not proc.is_alive()
+    assert wait_gone(target, 10) == []
+
+
+def _empty_dir(tmp: Path) -> str:
+    d = tmp / "empty-model"
+    d.mkdir()
+    return str(d)
+
+
+def test_broken_model_dir_fails_in_vllm_with_its_log(tiny, tmp_path):
+    bad = tmp_path / "broken-model"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Nope"]}))
+    cfg = tiny_config(tiny, "off")
+    cfg.target = str(bad)
+    proc = EngineProcess(cfg)
+    with pytest.raises(EngineStartError) as err:
+        proc.start(timeout_s=180)
+    text = str(err.value)
+    assert "vLLM" in text and str(proc.log_path) in text
+    assert wait_gone(str(bad), 15) == []
+
+
+def test_port_taken_is_explained(tiny):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = EngineProcess(tiny_config(tiny, "off"), port=port, resolve=Path)
+        with pytest.raises(EngineStartError, match=f"port {port} .* already taken"):
+            proc.start(timeout_s=60)
+
+
+def test_engine_dies_with_a_killed_app(tiny, tmp_path):
+    """SIGKILL the app process: its supervisor ends the whole engine group."""
+    marker = tmp_path / "engine-ready"
+    script = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        sys.path.insert(0, {str(ROOT)!r})
+        from engine_adapter.launcher import EngineProcess
+        from tests.conftest import tiny_config
+        from tests.support.tiny_models import TinyFamily
+        fam = TinyFamily(*(Path(p) for p in {[str(tiny.target), str(tiny.same), str(tiny.random), str(tiny.perturbed)]!r}))
+        proc = EngineProcess(tiny_config(fam, "off"), resolve=Path)
+        proc.start(timeout_s=300)
+        Path({str(marker)!r}).write_text(str(proc.pid))
+        time.sleep(600)
+    """)
+    app = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and time.monotonic() < deadline:
+            assert app.poll() is None, "the app died before the engine was ready"
+            time.sleep(0.5)
+        assert marker.exists()
+        supervisor = int(marker.read_text())
+        pgid = os.getpgid(supervisor)
+        assert len(_group_members(pgid)) >= 3  # supervisor, API server, engine core (+ worker)
+        app.send_signal(signal.SIGKILL)
+        app.wait()
+        deadline = time.monotonic() + 30
+        while _group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert _group_members(pgid) == []
+    finally:
+        if app.poll() is None:
+            app.kill()
+
+
+def _group_members(pgid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+async def test_attach_mode_against_a_separately_started_server(tiny, engines):
+    cfg = tiny_config(tiny, "draft", "perturbed")
+    cfg.tap = False  # a plain vLLM server: what a GPU user runs
+    server = EngineProcess(cfg, resolve=Path)
+    server.start(timeout_s=300)
+    try:
+        attached = await LiveEngine.attach(server.url, tokenizer_dir=tiny.target, k_hint=3)
+        tapped = await engines.get("draft", "perturbed")
+        try:
+            for prompt in PROMPTS:
+                a = await run(attached, prompt, max_tokens=40)
+                t = await run(tapped, prompt, max_tokens=40)
+                assert a.provenance == "counts"
+                assert all(s.drafted is None for s in a.steps)  # identities unknown, not guessed
+                assert a.token_ids == t.token_ids and a.text == t.text
+                m = a.spec_decode_metrics
+                spec = [(s.num_drafted, s.accepted) for s in a.steps if s.num_drafted]
+                assert [d for d, _ in spec] == m["per_step_drafted"]
+                assert [x for _, x in spec] == m["per_step_accepted"]
+                # with a draft model every decode step drafts: kinds are exact
+                assert a.kinds == t.kinds
+                kinds = [k for s in a.steps
+                         for k in kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted))]
+                assert kinds == a.kinds
+                check_invariants(a)
+        finally:
+            await attached.close()
+    finally:
+        server.stop()
