@@ -69,8 +69,9 @@ class EngineConfig:
 def validate_k_table(table: Any) -> KTable:
     """vLLM's rules for num_speculative_tokens_per_batch_size, clear errors.
 
-    A list of inclusive [start_bs, end_bs, K] rows, sorted, non-overlapping,
-    the first starting at 1; gaps inherit the previous K; K=0 means no drafts.
+    A list of inclusive [start_bs, end_bs, K] rows, non-overlapping, the first
+    starting at 1; gaps inherit the previous K; K=0 means no drafts. Returned
+    sorted by start (vLLM sorts the rows too).
     """
     if isinstance(table, str):
         try:
@@ -92,12 +93,14 @@ def validate_k_table(table: Any) -> KTable:
             raise ValueError(f"row {n}: start {start} is greater than end {end}")
         if k < 0:
             raise ValueError(f"row {n}: K must be >= 0 (0 = no drafts); got {k}")
-        if rows and start <= rows[-1][1]:
-            raise ValueError(
-                f"row {n}: ranges must be sorted and must not overlap "
-                f"(starts at {start}, previous row ends at {rows[-1][1]})"
-            )
         rows.append((start, end, k))
+    rows.sort(key=lambda r: r[0])  # vLLM sorts the rows by start, then checks them
+    for prev, row in zip(rows, rows[1:]):
+        if row[0] <= prev[1]:
+            raise ValueError(
+                f"rows {list(prev)} and {list(row)} overlap: ranges must not overlap "
+                f"(one starts at {row[0]}, the one before ends at {prev[1]})"
+            )
     if rows[0][0] != 1:
         raise ValueError(f"the first row must start at batch size 1 (starts at {rows[0][0]})")
     return rows

@@ -1,0 +1,65 @@
+"""The recorder CLI's contract, run as a user runs it (a subprocess)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from engine_adapter.provenance import kinds_for_step
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_record_cli_writes_the_documented_trace(tiny, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    lines = [{"prompt": "def add(a, b):", "category": "code"},
+             {"prompt": "The quick brown fox"},
+             {"prompt": "Once upon a time", "other": 1}]
+    prompts.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    out = tmp_path / "trace.jsonl"
+    cmd = [sys.executable, "-m", "engine_adapter.record", "--method", "draft", "--k", "3",
+           "--prompts", str(prompts), "--max-tokens", "24", "--concurrency", "2",
+           "--temperature", "0", "--out", str(out), "--target", str(tiny.target),
+           "--draft", str(tiny.perturbed), "--dtype", "float32", "--max-model-len", "1024",
+           "--kv-cache-gib", "1"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1])["total_tokens"] == 72
+
+    trace = [json.loads(x) for x in out.read_text().splitlines()]
+    run, requests, summary = trace[0], trace[1:-1], trace[-1]
+    assert run["type"] == "run" and run["method"] == "draft" and run["k"] == 3
+    assert run["concurrency"] == 2 and run["temperature"] == 0.0
+    assert run["vllm_version"].startswith("0.32")
+    assert summary["type"] == "summary" and summary["total_tokens"] == 72
+    assert summary["tokens_per_second"] > 0 and summary["wall_s"] > 0
+    assert [r["prompt"] for r in requests] == [x["prompt"] for x in lines]
+    for r in requests:
+        assert r["type"] == "request"
+        steps = r["steps"]
+        assert [i for s in steps for i in s["emitted"]] == r["token_ids"]
+        assert len(r["kinds"]) == len(r["token_ids"]) == 24
+        kinds = [k for n, s in enumerate(steps)
+                 for k in kinds_for_step(n, len(s["drafted"]), s["accepted"], len(s["emitted"]))]
+        assert kinds == r["kinds"]
+        m = r["spec_decode_metrics"]
+        spec = [s for s in steps if s["drafted"]]
+        assert [s["accepted"] for s in spec] == m["per_step_accepted"]
+        assert [len(s["drafted"]) for s in spec] == m["per_step_drafted"]
+        for s in steps:
+            assert set(s) >= {"drafted", "accepted", "emitted", "batch_size", "t"}
+            n = min(s["accepted"], len(s["emitted"]))
+            assert s["emitted"][:n] == s["drafted"][:n]
+
+
+def test_record_cli_rejects_a_bad_prompts_file(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "no prompt key"}\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "engine_adapter.record", "--prompts", str(bad), "--out",
+         str(tmp_path / "t.jsonl"), "--method", "off"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert 'expected an object with a "prompt" string' in done.stderr
