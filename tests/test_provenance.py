@@ -160,8 +160,9 @@ STEPS_CASES = [
     pytest.param([1, 1, 1], [3], [3],
                  [P, P, (3, 3, 1)], True, id="plain-then-last-cut-to-1"),
     pytest.param([1, 1, 1, 1], [], [], [P, P, P, P], True, id="all-plain"),
-    pytest.param([2, 5, 1], [3, 2], [3, 3],
-                 [P, (3, 3, 4), (3, 2, 3), P], False, id="plain-with-merged-chunks-inexact"),
+    # prefill+plain | spec+plain | spec merged: no one-chunk-per-step alignment
+    pytest.param([2, 5, 3], [3, 2], [3, 3],
+                 [P, (3, 3, 4), (3, 2, 3), P, P], False, id="plain-with-merged-chunks-inexact"),
     pytest.param([1, 6, 2], [1, 3], [3, 3],
                  [P, (3, 1, 2), (3, 3, 4), P, P], False, id="merged-two-plain-inexact"),
 ]
