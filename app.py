@@ -1,0 +1,58 @@
+"""Speculative decoding explorer: wires the engine service to the UI and launches.
+
+    python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3]
+                  [--target SPEC] [--draft SPEC] [--attach URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+
+from engine_adapter.engine_config import METHODS, EngineConfig
+from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.service import EngineService
+from explorer.presets import load_presets
+from explorer.ui import UiDefaults, build_ui
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Speculative decoding explorer on a live vLLM engine")
+    p.add_argument("--port", type=int, default=int(os.environ.get("GRADIO_SERVER_PORT", 7860)))
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
+    p.add_argument("--method", choices=METHODS, default="draft")
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--target", default=DEFAULT_TARGET)
+    p.add_argument("--draft", default=DEFAULT_DRAFT)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--kv-cache-gib", type=int, default=2)
+    p.add_argument("--attach", default=None, help="use a running vLLM server at this URL")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for --attach")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    config = EngineConfig(method=args.method, k=args.k, target=args.target, draft=args.draft,
+                          dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib)
+    config.validate()
+    presets = load_presets()
+    service = EngineService(background_prompts=[p.prompt for p in presets])
+    if args.attach:
+        service.attach(args.attach, args.tokenizer, args.k)
+    else:
+        service.start(config)
+    # SIGTERM (a Space stopping, `kill`) exits through the same clean-up as Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    demo = build_ui(service, presets, UiDefaults(config=config))
+    try:
+        demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)
+    finally:
+        service.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""A long-lived engine service for an app: one engine, restartable, with load.
+
+Contract: ``EngineService`` owns a private asyncio loop in a thread, where the
+engine (``LiveEngine``), the tap receiver, the background load and the
+history of engine steps live. Its public methods are safe to call from any
+thread or event loop (the UI's):
+
+- ``start(config)`` / ``restart(config)``: (re)launch, non-blocking; progress
+  and errors show in ``status()``;
+- ``stream(prompt, ...)``: async iterator of ``Step`` then ``RequestResult``
+  for the caller's loop;
+- ``set_background(n)``: closed-loop background requests (0..max);
+- ``steps_since(t)``: server-wide ``EngineStep`` history (tap), and
+  ``prom_history()``: ``/metrics`` snapshots once a second (works attached too).
+
+Nothing here knows the UI; the explorer reads only records from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import httpx
+
+from engine_adapter.engine import LiveEngine
+from engine_adapter.engine_config import EngineConfig
+from engine_adapter.launcher import StartProgress
+from engine_adapter.load import BackgroundLoad, LoadStats
+from engine_adapter.prom import PromSnapshot, fetch_snapshot
+from engine_adapter.records import EngineStep, RequestResult, Step
+
+State = Literal["idle", "starting", "ready", "failed", "stopped"]
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    state: State
+    progress: StartProgress | None
+    error: str | None
+    config: EngineConfig | None
+    url: str | None
+    attached: bool
+    generation: int  # bumps at every (re)start, so a UI can tell engines apart
+
+
+class EngineService:
+    def __init__(
+        self,
+        *,
+        background_prompts: Sequence[str] = (),
+        max_background: int = 64,
+        background_max_tokens: int = 128,
+        history_s: float = 600.0,
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)
+        self._thread.start()
+        self._engine: LiveEngine | None = None
+        self._status = ServiceStatus("idle", None, None, None, None, False, 0)
+        self._lock = asyncio.Lock()  # created lazily in our loop (see _locked)
+        self._bg: BackgroundLoad | None = None
+        self._bg_prompts = list(background_prompts)
+        self.max_background = max_background
+        self.background_max_tokens = background_max_tokens
+        self._history_s = history_s
+        self._steps: collections.deque[EngineStep] = collections.deque()
+        self._prom: collections.deque[PromSnapshot] = collections.deque()
+        self._tasks: list[asyncio.Task] = []
+        self._submit(self._poll_prom())
+
+    # --- plumbing -----------------------------------------------------------
+    def _submit(self, coro) -> Future:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _call(self, coro) -> Any:
+        """Run ``coro`` on the service loop and await it from the caller's loop."""
+        return await asyncio.wrap_future(self._submit(coro))
+
+    def status(self) -> ServiceStatus:
+        return self._status
+
+    def _set(self, **kw: Any) -> None:
+        self._status = replace(self._status, **kw)
+
+    # --- lifecycle ----------------------------------------------------------
+    def start(self, config: EngineConfig) -> Future:
+        return self._submit(self._restart(config, None))
+
+    def attach(self, url: str, tokenizer_dir: str | None = None, k_hint: int = 0) -> Future:
+        return self._submit(self._restart(None, (url, tokenizer_dir, k_hint)))
+
+    async def restart(self, config: EngineConfig) -> None:
+        await self._call(self._restart(config, None))
+
+    async def _restart(self, config: EngineConfig | None, attach: tuple | None) -> None:
+        async with self._lock:
+            gen = self._status.generation + 1
+            self._set(state="starting", progress=StartProgress("stop", 0.0, "stopping the previous engine"),
+                      error=None, config=config, generation=gen, attached=attach is not None, url=None)
+            n_bg = self._bg.target if self._bg else 0
+            await self._teardown()
+            try:
+                if attach is not None:
+                    url, tok, k = attach
+                    self._set(progress=StartProgress("attach", 0.5, f"attaching to {url}"))
+                    engine = await LiveEngine.attach(url, tokenizer_dir=tok, k_hint=k)
+                else:
+                    engine = await LiveEngine.launch(config, progress=lambda p: self._set(progress=p))
+            except Exception as e:  # shown in the page; the app stays up
+                self._set(state="failed", error=str(e))
+                return
+            self._engine = engine
+            self._steps.clear()
+            if engine.client.tap is not None:
+                self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
+            self._set(state="ready", url=engine.url, progress=StartProgress("ready", 1.0, "engine ready"))
+            if n_bg:
+                self._ensure_bg().set_concurrency(n_bg)  # the load survives a restart
+
+    async def _teardown(self) -> None:
+        if self._bg is not None:
+            await self._bg.stop()
+            self._bg = None
+        for t in self._tasks:
+            t.cancel()
+        self._tasks.clear()
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await engine.close()
+
+    def close(self) -> None:
+        """Stop everything (engine process included); safe to call twice."""
+        if self._loop.is_closed():
+            return
+        if self._loop.is_running():
+            with contextlib.suppress(Exception):
+                self._submit(self._teardown()).result(timeout=60)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+        self._set(state="stopped")
+
+    # --- history ------------------------------------------------------------
+    async def _collect_steps(self, engine: LiveEngine) -> None:
+        q = engine.client.tap.watch()
+        while True:
+            step = await q.get()
+            self._steps.append(step)
+            cutoff = step.t - self._history_s
+            while self._steps and self._steps[0].t < cutoff:
+                self._steps.popleft()
+
+    async def _poll_prom(self) -> None:
+        async with httpx.AsyncClient(timeout=2.0) as http:
+            while True:
+                await asyncio.sleep(1.0)
+                engine = self._engine
+                if engine is None:
+                    continue
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    snap = await fetch_snapshot(http, engine.url)
+                    self._prom.append(snap)
+                    while len(self._prom) > self._history_s:
+                        self._prom.popleft()
+
+    def steps_since(self, t: float) -> list[EngineStep]:
+        return [s for s in list(self._steps) if s.t > t]
+
+    def prom_history(self) -> list[PromSnapshot]:
+        return list(self._prom)
+
+    # --- requests -----------------------------------------------------------
+    async def stream(
+        self, prompt: str, *, max_tokens: int, temperature: float
+    ) -> AsyncIterator[Step | RequestResult]:
+        """Foreground request; items cross from the service loop to the caller's."""
+        engine = self._engine
+        if engine is None or self._status.state != "ready":
+            raise RuntimeError(f"the engine is not ready ({self._status.state})")
+        caller = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def produce() -> None:
+            try:
+                async for item in engine.client.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+                    caller.call_soon_threadsafe(out.put_nowait, item)
+            except Exception as e:
+                caller.call_soon_threadsafe(out.put_nowait, e)
+            finally:
+                caller.call_soon_threadsafe(out.put_nowait, done)
+
+        fut = self._submit(produce())
+        try:
+            while True:
+                item = await out.get()
+                if item is done:
+                    return
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            fut.cancel()  # Stop button or closed page: abort the request in vLLM
+
+    # --- background load ----------------------------------------------------
+    def _ensure_bg(self) -> BackgroundLoad:
+        if self._bg is None:
+            self._bg = BackgroundLoad(
+                self._engine.client, self._bg_prompts, max_tokens=self.background_max_tokens,
+                max_concurrency=self.max_background,
+            )
+        return self._bg
+
+    async def _set_bg(self, n: int) -> int:
+        if self._engine is None or not self._bg_prompts:
+            return 0
+        return self._ensure_bg().set_concurrency(n)
+
+    async def set_background(self, n: int) -> int:
+        return await self._call(self._set_bg(n))
+
+    def background_stats(self) -> LoadStats | None:
+        return self._bg.stats() if self._bg else None
+
+    def background_tokens_per_second(self, window_s: float = 10.0) -> float:
+        return self._bg.tokens_per_second(window_s) if self._bg else 0.0
+
+    @property
+    def engine(self) -> LiveEngine | None:
+        return self._engine
+
+    def now(self) -> float:
+        return time.monotonic()

@@ -1,0 +1,73 @@
+"""The per-request card: vLLM's numbers for one request, each explained.
+
+Contract: pure functions from adapter records to Markdown text and plotly
+figures. Three numbers that must never be confused sit side by side, each
+with a one-line meaning:
+- draft_acceptance_rate  = accepted / drafted
+- mean_acceptance_length = 1 + accepted / verify steps (includes the target's token)
+- alpha (per-token acceptance) = accepted / draft positions actually tested
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from engine_adapter.provenance import alpha_from_histogram, per_position_acceptance
+from engine_adapter.records import RequestResult, Step
+
+_LAYOUT = dict(height=220, margin=dict(l=40, r=10, t=36, b=36), template="plotly_white")
+
+
+def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ()) -> str:
+    if result is None:
+        n = sum(len(s.emitted) for s in live_steps)
+        return f"**Generating…** {n} tokens so far." if live_steps else "Run a prompt to see its numbers."
+    m = result.spec_decode_metrics
+    lines = [
+        f"**{len(result.token_ids)} tokens** in {result.t_end - result.t_start:.2f} s = "
+        f"**{result.tokens_per_second:.2f} tokens/s** for this request "
+        f"(finish: {result.finish_reason}; provenance: {result.provenance}).",
+    ]
+    if m is None:
+        lines.append("Speculation is off: every token was computed by the target, one per step.")
+        return "\n\n".join(lines)
+    k = m["num_spec_tokens"]
+    alpha = alpha_from_histogram(m["acceptance_histogram"], k)
+    lines += [
+        "| number | value | what it means |",
+        "|---|---|---|",
+        f"| draft_acceptance_rate | **{m['draft_acceptance_rate']:.3f}** | share of all drafted tokens the target kept |",
+        f"| mean_acceptance_length | **{m['mean_acceptance_length']:.3f}** | tokens gained per verify step, counting the target's own token (1 = no gain) |",
+        f"| per-token acceptance α | **{alpha:.3f}** | chance one draft token is kept, given those before it were (estimated from the histogram) |",
+        f"| num_spec_steps | {m['num_spec_steps']} | verify steps that checked at least one draft |",
+        f"| drafted / accepted | {m['num_draft_tokens']} / {m['num_accepted_draft_tokens']} | draft tokens proposed / kept |",
+        f"| num_spec_tokens (K) | {k} | the most drafts one step may verify |",
+    ]
+    return "\n".join(lines)
+
+
+def histogram_figure(result: RequestResult | None) -> go.Figure:
+    fig = go.Figure()
+    m = result.spec_decode_metrics if result else None
+    if m:
+        hist = m["acceptance_histogram"]
+        fig.add_bar(x=[str(j) for j in range(len(hist))], y=hist, marker_color="#4c8bd6",
+                    hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>")
+    fig.update_layout(title="acceptance_histogram: steps that accepted j drafts",
+                      xaxis_title="j accepted drafts", yaxis_title="steps", **_LAYOUT)
+    return fig
+
+
+def position_figure(result: RequestResult | None) -> go.Figure:
+    fig = go.Figure()
+    m = result.spec_decode_metrics if result else None
+    if m and m.get("per_step_accepted"):
+        rates = per_position_acceptance(m["per_step_accepted"], m["per_step_drafted"], m["num_spec_tokens"])
+        fig.add_bar(x=[str(i + 1) for i in range(len(rates))], y=[r if r is not None else 0 for r in rates],
+                    marker_color="#e08a2e",
+                    hovertemplate="position %{x}: kept %{y:.2f} of the times it was reached<extra></extra>")
+    fig.update_layout(title="acceptance per draft position (given the position was reached)",
+                      xaxis_title="draft position", yaxis=dict(range=[0, 1.05], title="P(kept)"), **_LAYOUT)
+    return fig

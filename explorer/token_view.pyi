@@ -1,0 +1,117 @@
+"""The token provenance view: a ``gr.HTML`` subclass over files in ``assets/``.
+
+Contract: ``token_view_value(steps, ...)`` turns adapter ``Step`` records into
+the JSON value the template renders; every string (token text, tooltips,
+messages) is made inert here by ``inert()``, before it reaches the template,
+which inserts them raw (``{{{...}}}``) for that reason. Inert means more than
+HTML-escaped: Gradio evaluates the Handlebars output as a JavaScript template
+literal, so ``$``, backtick and backslash become HTML entities too (a token
+``${alert(1)}`` must print, never run).
+Whitespace stays faithful (the view uses ``white-space: pre-wrap``); newlines
+get a faint ↵ marker and C0 control characters their Unicode control picture.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from engine_adapter.records import Step, Token
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+KIND_LABEL = {
+    "prefill": "prefill (first token, computed by the target)",
+    "accepted": "accepted draft",
+    "recovered": "recovered (target's token at the first rejection)",
+    "bonus": "bonus (target's extra token after all drafts were kept)",
+    "plain": "plain decode (no draft this step)",
+    "rejected": "rejected draft (thrown away)",
+}
+
+
+_JS_LITERAL = str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;"})
+
+
+def inert(text: str) -> str:
+    """HTML-escape and neutralise JS template-literal syntax."""
+    return html.escape(text, quote=True).translate(_JS_LITERAL)
+
+
+def _visible(text: str) -> str:
+    """Make inert, then make newlines and control characters visible."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append('<span class="tv-nl">↵</span>\n')
+        elif ch == "\t":
+            out.append("\t")
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(chr(0x2400 + ord(ch)) if ord(ch) < 32 else "␡")
+        else:
+            out.append(inert(ch))
+    return "".join(out)
+
+
+def token_html(text: str) -> str:
+    return _visible(text) if text else '<span class="tv-sp">∅</span>'
+
+
+def _tip(tok: Token, step: Step) -> str:
+    lines = [KIND_LABEL.get(tok.kind, tok.kind), f"step {step.index} · K in force {step.k} · batch size {step.batch_size}"]
+    if tok.draft_pos is not None:
+        lines.append(f"draft position {tok.draft_pos} of {step.num_drafted}")
+    lines.append(f"token id {tok.id} · text {tok.text!r}")
+    if tok.kind == "recovered" and step.drafted is not None and step.accepted < len(step.drafted):
+        lines.append(f"replaced draft id {step.drafted[step.accepted]}")
+    if step.drafted is None and step.num_drafted:
+        lines.append("(attached server: draft ids unknown, counts only)")
+    return inert("\n".join(lines))
+
+
+def token_view_value(
+    steps: Sequence[Step],
+    *,
+    message: str | None = None,
+    level: str = "info",
+    streaming: bool = False,
+    footer: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "steps": [
+            {
+                "i": s.index,
+                "t": [{"h": token_html(t.text), "k": t.kind, "tip": _tip(t, s)} for t in s.tokens],
+                "r": [{"h": token_html(t.text), "tip": _tip(t, s)} for t in s.rejected],
+            }
+            for s in steps
+        ],
+        "message": inert(message) if message else None,
+        "level": level if level in ("info", "warn", "error") else "info",
+        "streaming": streaming,
+        "footer": inert(footer) if footer else None,
+    }
+
+from gradio.events import Dependency
+
+class TokenView(gr.HTML):
+    """Coloured tokens with rejected-draft ghosts, a legend and tooltips."""
+
+    def __init__(self, value: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(
+            value=value or token_view_value([]),
+            html_template=(ASSETS / "token_view.html").read_text(),
+            css_template=(ASSETS / "token_view.css").read_text(),
+            js_on_load=(ASSETS / "token_view.js").read_text(),
+            apply_default_css=False,
+            **kwargs,
+        )
+    from typing import Callable, Literal, Sequence, Any, TYPE_CHECKING
+    from gradio.blocks import Block
+    if TYPE_CHECKING:
+        from gradio.components import Timer
+        from gradio.components.base import Component
