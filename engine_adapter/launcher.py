@@ -96,6 +96,8 @@ def engine_env(config: EngineConfig, tap_addr: str | None) -> dict[str, str]:
     env["VLLM_CPU_KVCACHE_SPACE"] = str(int(config.kv_cache_gib))
     env["HF_HUB_OFFLINE"] = "1"  # models are local directories by now
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    if config.reserved_cpus is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.reserved_cpus)
     # the engine core must import engine_adapter.scheduler_tap
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)

@@ -157,8 +157,9 @@ class EngineStep:
     num_drafted: int
     num_accepted: int
     num_emitted: int
-    # accepted count per draft position: accepted_per_pos[i] = requests whose
-    # draft at position i+1 was kept this step; drafted_per_pos likewise
+    # per draft position i+1: requests whose draft there was tested (every
+    # earlier draft kept) and requests whose draft there was kept
     accepted_per_pos: tuple[int, ...]
-    drafted_per_pos: tuple[int, ...]
+    reached_per_pos: tuple[int, ...]
+    num_drafting: int  # requests that verified at least one draft this step
     tap_s: float

@@ -74,6 +74,11 @@ class EngineService:
         self._steps: collections.deque[EngineStep] = collections.deque()
         self._prom: collections.deque[PromSnapshot] = collections.deque()
         self._tasks: list[asyncio.Task] = []
+        # (monotonic time, new concurrency) at every background-load change
+        self.load_changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=200)
+        # a speculation-off engine on the same target, started on first use
+        self._reference: LiveEngine | None = None
+        self._reference_lock = asyncio.Lock()
         self._submit(self._poll_prom())
 
     # --- plumbing -----------------------------------------------------------
@@ -102,11 +107,13 @@ class EngineService:
 
     async def _restart(self, config: EngineConfig | None, attach: tuple | None) -> None:
         async with self._lock:
+            old = self._status.config
             gen = self._status.generation + 1
             self._set(state="starting", progress=StartProgress("stop", 0.0, "stopping the previous engine"),
                       error=None, config=config, generation=gen, attached=attach is not None, url=None)
             n_bg = self._bg.target if self._bg else 0
-            await self._teardown()
+            # the speculation-off twin survives a change of method or K
+            await self._teardown(reference=config is None or old is None or config.target != old.target)
             try:
                 if attach is not None:
                     url, tok, k = attach
@@ -125,10 +132,13 @@ class EngineService:
             if n_bg:
                 self._ensure_bg().set_concurrency(n_bg)  # the load survives a restart
 
-    async def _teardown(self) -> None:
+    async def _teardown(self, reference: bool = True) -> None:
         if self._bg is not None:
             await self._bg.stop()
             self._bg = None
+        if reference and self._reference is not None:
+            ref, self._reference = self._reference, None
+            await ref.close()
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
@@ -177,13 +187,28 @@ class EngineService:
         return list(self._prom)
 
     # --- requests -----------------------------------------------------------
+    async def _get_reference(self) -> LiveEngine:
+        async with self._reference_lock:
+            if self._reference is None:
+                cfg = self._status.config
+                if cfg is None:
+                    raise RuntimeError("an attached server has no speculation-off twin to compare with")
+                self._reference = await LiveEngine.launch(replace(cfg, method="off", k_table=None))
+            return self._reference
+
     async def stream(
-        self, prompt: str, *, max_tokens: int, temperature: float
+        self, prompt: str, *, max_tokens: int, temperature: float, reference: bool = False
     ) -> AsyncIterator[Step | RequestResult]:
-        """Foreground request; items cross from the service loop to the caller's."""
+        """Foreground request; items cross from the service loop to the caller's.
+
+        ``reference=True`` runs it on a speculation-off engine with the same
+        target (started on first use, ~30 s), for the lossless check.
+        """
         engine = self._engine
         if engine is None or self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
+        if reference:
+            engine = await self._call(self._get_reference())
         caller = asyncio.get_running_loop()
         out: asyncio.Queue = asyncio.Queue()
         done = object()
@@ -221,7 +246,12 @@ class EngineService:
     async def _set_bg(self, n: int) -> int:
         if self._engine is None or not self._bg_prompts:
             return 0
-        return self._ensure_bg().set_concurrency(n)
+        bg = self._ensure_bg()
+        before = bg.target
+        n = bg.set_concurrency(n)
+        if n != before:
+            self.load_changes.append((time.monotonic(), n))
+        return n
 
     async def set_background(self, n: int) -> int:
         return await self._call(self._set_bg(n))

@@ -37,14 +37,15 @@ def summarize(step: TapStep) -> EngineStep:
     """Server-wide counts of one step, including acceptance per draft position."""
     k = max((len(r.drafted) for r in step.reqs), default=0)
     acc_pos = [0] * k
-    drafted_pos = [0] * k
+    reached_pos = [0] * k
     drafted = accepted = emitted = 0
     for r in step.reqs:
         drafted += len(r.drafted)
         accepted += r.accepted
         emitted += len(r.emitted)
-        for i in range(len(r.drafted)):
-            drafted_pos[i] += 1
+        # position i is tested only if every draft before it was kept
+        for i in range(min(len(r.drafted), r.accepted + 1)):
+            reached_pos[i] += 1
             if i < r.accepted:
                 acc_pos[i] += 1
     return EngineStep(
@@ -59,7 +60,8 @@ def summarize(step: TapStep) -> EngineStep:
         num_accepted=accepted,
         num_emitted=emitted,
         accepted_per_pos=tuple(acc_pos),
-        drafted_per_pos=tuple(drafted_pos),
+        reached_per_pos=tuple(reached_pos),
+        num_drafting=sum(1 for r in step.reqs if r.drafted),
         tap_s=step.tap_s,
     )
 

@@ -80,8 +80,10 @@ def token_view_value(
     level: str = "info",
     streaming: bool = False,
     footer: str | None = None,
+    prompt: str | None = None,
 ) -> dict[str, Any]:
     return {
+        "prompt": _visible(prompt) if prompt else None,
         "steps": [
             {
                 "i": s.index,

@@ -8,18 +8,24 @@ every engine step of the foreground request.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import gradio as gr
 
 from engine_adapter.engine_config import EngineConfig, available_methods
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.service import EngineService
+from explorer.live_charts import bin_steps, foreground_rate, live_figure
+from explorer.lossless import compare
 from explorer.presets import Preset, preset_choices
 from explorer.request_card import card_markdown, histogram_figure, position_figure
 from explorer.token_view import TokenView, token_view_value
 
 MAX_PROMPT_CHARS = 8000
+MAX_BACKGROUND = 64
+EXPLAIN = (Path(__file__).resolve().parent.parent / "assets" / "explain.md").read_text()
 
 METHOD_LABELS = {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)",
                  "draft": "draft model", "suffix": "suffix tree"}
@@ -74,50 +80,71 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                                       label="Speculation method", elem_id="method")
                     k = gr.Slider(1, 8, value=defaults.config.k, step=1, label="K (num_speculative_tokens)")
                     apply_btn = gr.Button("Apply engine settings", elem_id="apply")
+                with gr.Accordion("Background load", open=True):
+                    load = gr.Slider(0, MAX_BACKGROUND, value=0, step=1, elem_id="load",
+                                     label="Concurrent background requests (closed loop, preset prompts)")
+                    load_readout = gr.Markdown("No background load.", elem_id="load-readout")
             with gr.Column(scale=3, min_width=420):
                 view = TokenView(elem_id="token-view")
                 card = gr.Markdown(card_markdown(None), elem_id="request-card")
                 with gr.Row():
                     hist = gr.Plot(histogram_figure(None), show_label=False)
                     pos = gr.Plot(position_figure(None), show_label=False)
+                with gr.Accordion("Lossless check: the same prompt with speculation off", open=False):
+                    check_btn = gr.Button("Run the check", elem_id="lossless")
+                    verdict = gr.Markdown("", elem_id="verdict")
+                    with gr.Row():
+                        spec_text = gr.Textbox(label="with speculation", lines=8, interactive=False)
+                        plain_text = gr.Textbox(label="speculation off", lines=8, interactive=False)
+        gr.Markdown("## Live engine (whole server, last 3 minutes)")
+        live = gr.Plot(live_figure(bin_steps([], 0.0)), show_label=False, elem_id="live-charts")
+        with gr.Accordion("Why does this happen?", open=False):
+            gr.Markdown(EXPLAIN)
+        last = gr.State(None)  # this page's last RequestResult
+        fg_steps = gr.State([])  # (t, tokens) of this page's foreground steps
 
         def pick(label: str | None) -> str:
             return by_label[label].prompt if label in by_label else gr.skip()
 
         preset.change(pick, preset, prompt)
 
+        def refuse(message: str):
+            return token_view_value([], message=message, level="warn"), gr.skip(), gr.skip(), gr.skip(), \
+                gr.skip(), gr.skip()
+
         async def run(text: str, temp: float, n_tokens: int):
             text = text or ""
             if not text.strip():
-                yield token_view_value([], message="Type a prompt (or pick a preset) first.", level="warn"), \
-                    gr.skip(), gr.skip(), gr.skip()
+                yield refuse("Type a prompt (or pick a preset) first.")
                 return
             if len(text) > MAX_PROMPT_CHARS:
-                yield token_view_value([], message=f"The prompt is {len(text)} characters long; the limit here "
-                                       f"is {MAX_PROMPT_CHARS}. Shorten it and run again.", level="warn"), \
-                    gr.skip(), gr.skip(), gr.skip()
+                yield refuse(f"The prompt is {len(text)} characters long; the limit here is "
+                             f"{MAX_PROMPT_CHARS}. Shorten it and run again.")
                 return
             if service.status().state != "ready":
-                yield token_view_value([], message="The engine is not ready yet: see the status line above.",
-                                       level="warn"), gr.skip(), gr.skip(), gr.skip()
+                yield refuse("The engine is not ready yet: see the status line above.")
                 return
             steps: list[Step] = []
+            times: list[tuple[float, int]] = []
             try:
                 async for item in service.stream(text, max_tokens=int(n_tokens), temperature=float(temp)):
                     if isinstance(item, Step):
                         steps.append(item)
-                        yield token_view_value(steps, streaming=True), card_markdown(None, steps), \
-                            gr.skip(), gr.skip()
+                        times.append((item.t, len(item.emitted)))
+                        yield token_view_value(steps, streaming=True, prompt=text), card_markdown(None, steps), \
+                            gr.skip(), gr.skip(), gr.skip(), times
                     elif isinstance(item, RequestResult):
-                        yield token_view_value(item.steps, footer=f"{len(item.token_ids)} tokens, "
+                        yield token_view_value(item.steps, prompt=text, footer=f"{len(item.token_ids)} tokens, "
                                                f"{len(item.steps)} engine steps"), \
-                            card_markdown(item), histogram_figure(item), position_figure(item)
+                            card_markdown(item), histogram_figure(item), position_figure(item), item, times
             except Exception as e:  # the page says what went wrong, and keeps what streamed
-                yield token_view_value(steps, message=f"The request ended early: {e}", level="error"), \
-                    gr.skip(), gr.skip(), gr.skip()
+                yield token_view_value(steps, prompt=text, message=f"The request ended early: {e}",
+                                       level="error"), \
+                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), times
 
-        run_event = run_btn.click(run, [prompt, temperature, max_tokens], [view, card, hist, pos])
-        prompt.submit(run, [prompt, temperature, max_tokens], [view, card, hist, pos])
+        run_outputs = [view, card, hist, pos, last, fg_steps]
+        run_event = run_btn.click(run, [prompt, temperature, max_tokens], run_outputs, api_name="run")
+        prompt.submit(run, [prompt, temperature, max_tokens], run_outputs, api_name=False)
         stop_btn.click(None, None, None, cancels=[run_event])
 
         async def apply(m: str, k_value: float) -> str:
@@ -129,6 +156,57 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             service.start(cfg)  # returns at once; the status line shows progress
             return status_markdown(service)
 
-        apply_btn.click(apply, [method, k], status)
-        gr.Timer(1.0).tick(lambda: status_markdown(service), None, status)
+        apply_btn.click(apply, [method, k], status, api_name="apply")
+
+        async def check(result: RequestResult | None, temp: float):
+            if result is None:
+                yield "Run a prompt first; the check repeats it with speculation off.", gr.skip(), gr.skip()
+                return
+            yield ("Running the same prompt with speculation off (the first check starts a second engine, "
+                   "about half a minute)…"), result.text, ""
+            plain = None
+            try:
+                async for item in service.stream(result.prompt, max_tokens=len(result.token_ids),
+                                                 temperature=float(temp), reference=True):
+                    if isinstance(item, RequestResult):
+                        plain = item
+            except Exception as e:
+                yield f"The check could not run: {e}", gr.skip(), gr.skip()
+                return
+            v = compare(result, plain, float(temp))
+            speed = (f" Speed: {result.tokens_per_second:.2f} tokens/s with speculation, "
+                     f"{plain.tokens_per_second:.2f} without: **{v.speedup:.2f}x**." if v.speedup else "")
+            yield f"**{'✅' if v.identical else '⚠️'} {v.message}**{speed}", result.text, plain.text
+
+        check_btn.click(check, [last, temperature], [verdict, spec_text, plain_text], api_name="lossless")
+
+        async def set_load(n: float) -> str:
+            if service.status().state != "ready":
+                return "The engine is not ready; the load starts once it is."
+            got = await service.set_background(int(n))
+            return load_text(got)
+
+        def load_text(target: int | None = None) -> str:
+            st = service.background_stats()
+            last_step = service.steps_since(time.monotonic() - 2.0)
+            running = max((s.batch_size for s in last_step), default=0)
+            if st is None or (st.target == 0 and st.in_flight == 0):
+                return f"No background load. Requests running in the engine: **{running}**."
+            err = f" Last error: {st.last_error}" if st.last_error else ""
+            return (f"Background: **{st.target}** requested, **{st.in_flight}** in flight, {st.completed} done, "
+                    f"{st.failed} failed; **{service.background_tokens_per_second():.1f} tokens/s**. "
+                    f"Requests running in the engine: **{running}**.{err}")
+
+        # change (not release) so a typed number counts too; always_last coalesces a drag
+        load.change(set_load, load, load_readout, api_name="set_load", trigger_mode="always_last")
+
+        def refresh(times: list[tuple[float, int]]):
+            now = time.monotonic()
+            df = bin_steps(service.steps_since(now - 180.0), now)
+            markers = [(t - now, n) for t, n in service.load_changes]
+            return live_figure(df, markers, foreground_rate(times or [], now)), load_text()
+
+        gr.Timer(1.0).tick(refresh, fg_steps, [live, load_readout], api_name="live", show_progress="hidden")
+        gr.Timer(1.0).tick(lambda: status_markdown(service), None, status, api_name="status",
+                           show_progress="hidden")
     return demo

@@ -1,0 +1,113 @@
+"""Live charts of the engine under load, from the tap's server-wide steps.
+
+Contract: ``bin_steps(steps, now, window_s, bin_s)`` turns ``EngineStep``
+records into a pandas DataFrame with one row per time bin (``t`` in seconds
+relative to ``now``, negative = past); ``live_figure(df, markers, fg)`` draws
+the four panels as one plotly figure with shared time axis:
+1. K in force and effective K (drafts verified per drafting request), batch size;
+2. tokens emitted and drafts accepted per request-step;
+3. draft acceptance rate and acceptance per draft position;
+4. total tokens/s and the foreground request's tokens/s.
+Slider changes are vertical lines on every panel, so cause and effect line up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from engine_adapter.records import EngineStep
+
+POSITION_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+
+
+def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = 180.0,
+              bin_s: float = 2.0) -> pd.DataFrame:
+    rows = []
+    for s in steps:
+        if now - s.t > window_s:
+            continue
+        row = {
+            "bin": (s.t - now) // bin_s * bin_s + bin_s / 2,
+            "k": s.k, "batch": s.batch_size, "emitted": s.num_emitted,
+            "drafted": s.num_drafted, "accepted": s.num_accepted,
+            "drafting": s.num_drafting, "wall": s.wall_s, "steps": 1,
+        }
+        for i, (acc, reached) in enumerate(zip(s.accepted_per_pos, s.reached_per_pos)):
+            row[f"acc{i + 1}"] = acc
+            row[f"reach{i + 1}"] = reached
+        rows.append(row)
+    if not rows:
+        return pd.DataFrame()
+    raw = pd.DataFrame(rows).fillna(0)
+    df = raw.groupby("bin").agg({c: "mean" if c in ("k", "batch") else "sum" for c in raw.columns if c != "bin"})
+    out = pd.DataFrame(index=df.index)
+    out["k"] = df["k"]
+    out["batch"] = df["batch"]
+    out["effective_k"] = (df["drafted"] / df["drafting"]).where(df["drafting"] > 0)
+    request_steps = df["batch"] * df["steps"]
+    out["tokens_per_step"] = df["emitted"] / request_steps
+    out["accepted_per_step"] = df["accepted"] / request_steps
+    out["acceptance_rate"] = (df["accepted"] / df["drafted"]).where(df["drafted"] > 0)
+    out["total_tokens_per_s"] = df["emitted"] / bin_s
+    for col in df.columns:
+        if col.startswith("acc") and col[3:].isdigit():
+            i = col[3:]
+            out[f"pos{i}"] = (df[col] / df[f"reach{i}"]).where(df[f"reach{i}"] > 0)
+    return out.reset_index().rename(columns={"bin": "t"})
+
+
+def live_figure(df: pd.DataFrame, markers: Sequence[tuple[float, int]] = (),
+                foreground: pd.DataFrame | None = None, window_s: float = 180.0) -> go.Figure:
+    fig = make_subplots(
+        rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+        specs=[[{"secondary_y": True}], [{}], [{}], [{}]],
+        subplot_titles=("K in force, effective K and batch size",
+                        "per request-step: tokens emitted and drafts accepted",
+                        "draft acceptance rate and acceptance per draft position",
+                        "throughput (tokens/s)"),
+    )
+    if not df.empty:
+        t = df["t"]
+        fig.add_scatter(x=t, y=df["k"], name="K in force", line=dict(shape="hv", color="#444"), row=1, col=1)
+        fig.add_scatter(x=t, y=df["effective_k"], name="effective K", line=dict(color="#1f77b4"), row=1, col=1)
+        fig.add_scatter(x=t, y=df["batch"], name="batch size", line=dict(color="#aaa", dash="dot"),
+                        row=1, col=1, secondary_y=True)
+        fig.add_scatter(x=t, y=df["tokens_per_step"], name="tokens / request-step", line=dict(color="#2ca02c"),
+                        row=2, col=1)
+        fig.add_scatter(x=t, y=df["accepted_per_step"], name="accepted / request-step",
+                        line=dict(color="#1f77b4", dash="dash"), row=2, col=1)
+        fig.add_scatter(x=t, y=df["acceptance_rate"], name="draft_acceptance_rate",
+                        line=dict(color="#000", width=3), row=3, col=1)
+        for col in [c for c in df.columns if c.startswith("pos")]:
+            i = int(col[3:])
+            fig.add_scatter(x=t, y=df[col], name=f"position {i}", line=dict(
+                color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1), row=3, col=1)
+        fig.add_scatter(x=t, y=df["total_tokens_per_s"], name="total tokens/s", line=dict(color="#d62728"),
+                        row=4, col=1)
+    if foreground is not None and not foreground.empty:
+        fig.add_scatter(x=foreground["t"], y=foreground["tokens_per_s"], name="foreground tokens/s",
+                        line=dict(color="#9467bd"), row=4, col=1)
+    for t, n in markers:
+        if -window_s <= t <= 0:
+            fig.add_vline(x=t, line=dict(color="#e377c2", dash="dot"))
+            fig.add_annotation(x=t, y=1.0, yref="paper", text=f"load → {n}", showarrow=False,
+                               font=dict(size=10, color="#e377c2"), yanchor="bottom")
+    fig.update_xaxes(range=[-window_s, 0], row=4, col=1, title_text="seconds (0 = now)")
+    fig.update_yaxes(range=[0, 1.05], row=3, col=1)
+    fig.update_layout(height=760, margin=dict(l=50, r=50, t=40, b=40), template="plotly_white",
+                      legend=dict(orientation="h", y=-0.08), uirevision="live")
+    return fig
+
+
+def foreground_rate(step_times: Sequence[tuple[float, int]], now: float, bin_s: float = 2.0) -> pd.DataFrame:
+    """Tokens/s of the foreground request from (t, tokens emitted) per step."""
+    if not step_times:
+        return pd.DataFrame()
+    df = pd.DataFrame(step_times, columns=["t", "n"])
+    df["bin"] = (df["t"] - now) // bin_s * bin_s + bin_s / 2
+    g = df.groupby("bin")["n"].sum() / bin_s
+    return pd.DataFrame({"t": g.index, "tokens_per_s": g.values})

@@ -1,0 +1,38 @@
+"""The launched app, driven through gradio_client as a remote user would."""
+
+from __future__ import annotations
+
+import pytest
+from gradio_client import Client
+
+
+def test_run_streams_coloured_tokens_and_the_card(app_url):
+    client = Client(app_url, verbose=False)
+    job = client.submit("def add(a, b):", 0.0, 32, api_name="/run")
+    updates = list(job)
+    assert len(updates) >= 3, "the token view should update at every engine step"
+    view, card, _hist, _pos = updates[-1]
+    kinds = {t["k"] for s in view["steps"] for t in s["t"]}
+    assert "prefill" in kinds and kinds & {"accepted", "recovered", "bonus"}
+    assert sum(len(s["t"]) for s in view["steps"]) == 32
+    assert "draft_acceptance_rate" in card and "mean_acceptance_length" in card
+
+
+@pytest.mark.parametrize("prompt, expected", [
+    ("", "Type a prompt"),
+    ("   \n ", "Type a prompt"),
+    ("x" * 9000, "characters long"),
+])
+def test_bad_prompts_get_a_clear_message(app_url, prompt, expected):
+    client = Client(app_url, verbose=False)
+    view, *_ = client.predict(prompt, 0.0, 16, api_name="/run")
+    assert expected in view["message"]
+
+
+def test_html_in_the_prompt_is_inert(app_url):
+    client = Client(app_url, verbose=False)
+    view, *_ = client.predict("<img src=x onerror=alert(1)> ${alert(2)} `x`", 0.0, 8, api_name="/run")
+    for s in view["steps"]:
+        for t in s["t"] + s["r"]:
+            assert "<img" not in t["h"] and "${" not in t["h"] and "`" not in t["h"]
+            assert "<" not in t["tip"] and "${" not in t["tip"]

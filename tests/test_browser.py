@@ -1,0 +1,109 @@
+"""A real browser (Debian's chromium, driven by Playwright) against the launched app.
+
+Screenshots go to ``screenshots/`` (look at them after a run).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+SHOTS = Path(__file__).resolve().parent.parent / "screenshots"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh --dev)")
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    SHOTS.mkdir(exist_ok=True)
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"],
+        )
+        pg = browser.new_page(viewport={"width": 1400, "height": 1100})
+        dialogs: list[str] = []
+        pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        pg.dialogs = dialogs
+        pg.goto(app_url)
+        pg.wait_for_selector("#engine-status:has-text('Engine ready')", timeout=120_000)
+        yield pg
+        browser.close()
+
+
+def drag_slider(page, value: int, maximum: int = 64) -> None:
+    """Drag the load slider's thumb with the mouse to ``value``."""
+    track = page.locator("#load input[type=range]")
+    box = track.bounding_box()
+    x0 = box["x"] + box["width"] * float(track.input_value()) / maximum
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(x0, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * value / maximum, y, steps=8)
+    page.mouse.up()
+
+
+def readout(page) -> str:
+    return page.locator("#load-readout").inner_text()
+
+
+def running_in_engine(page) -> int:
+    m = re.search(r"Requests running in the engine: (\d+)", readout(page))
+    return int(m.group(1)) if m else -1
+
+
+def test_code_preset_streams_coloured_tokens_with_ghosts(page):
+    page.locator("#prompt textarea").fill("def add(a, b):")
+    page.locator("#run").click()
+    page.wait_for_selector("#token-view .tv-text .k-prefill", timeout=60_000)
+    page.wait_for_selector("#request-card:has-text('draft_acceptance_rate')", timeout=60_000)
+    kinds = {k for k in ("accepted", "recovered", "bonus", "prefill")
+             if page.locator(f"#token-view .tv-text .k-{k}").count() > 0}
+    assert len(kinds) >= 2, kinds
+    assert page.locator("#token-view .tv-text .k-rejected").count() > 0, "no rejected-draft ghosts"
+    page.locator("#token-view .tv-text .k-prefill").first.hover()
+    page.screenshot(path=str(SHOTS / "1-tokens.png"), full_page=True)
+
+
+def test_slider_adds_and_removes_real_load(page):
+    drag_slider(page, 16)
+    page.wait_for_function(
+        "() => document.querySelector('#load-readout').innerText.includes('16 requested')", timeout=30_000)
+    page.wait_for_function(
+        "() => /running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)"
+        " && +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] >= 8",
+        timeout=60_000)
+    page.wait_for_timeout(6000)  # let the charts fill in
+    live = page.locator("#live-charts")
+    assert "load → 16" in live.inner_text()
+    assert live.locator(".scatterlayer .trace").count() >= 4
+    page.screenshot(path=str(SHOTS / "2-under-load.png"), full_page=True)
+
+    drag_slider(page, 0)
+    page.wait_for_function(
+        "() => document.querySelector('#load-readout').innerText.includes('No background load')",
+        timeout=30_000)
+    page.wait_for_function(
+        "() => +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] <= 1",
+        timeout=30_000)
+    page.screenshot(path=str(SHOTS / "3-load-stopped.png"), full_page=True)
+
+
+def test_html_and_script_in_the_prompt_render_as_text(page):
+    evil = "<img src=x onerror=alert(1)><script>alert(2)</script> ${alert(3)}"
+    page.locator("#prompt textarea").fill(evil)
+    page.locator("#run").click()
+    page.wait_for_selector("#request-card:has-text('tokens')", timeout=60_000)
+    page.wait_for_timeout(1000)
+    assert page.dialogs == [], f"a script ran: {page.dialogs}"
+    assert page.locator("#token-view img").count() == 0
+    assert page.locator("#token-view script").count() == 0
+    # the prompt is shown, as text
+    assert "<img src=x onerror=alert(1)>" in page.locator("#token-view .tv-prompt").inner_text()
+    assert "${alert(3)}" in page.locator("#token-view .tv-prompt").inner_text()
