@@ -250,7 +250,12 @@ class EngineService:
         before = bg.target
         n = bg.set_concurrency(n)
         if n != before:
-            self.load_changes.append((time.monotonic(), n))
+            now = time.monotonic()
+            # one marker per gesture: a drag sends many values within a second or two
+            if self.load_changes and now - self.load_changes[-1][0] < 2.0:
+                self.load_changes[-1] = (self.load_changes[-1][0], n)
+            else:
+                self.load_changes.append((now, n))
         return n
 
     async def set_background(self, n: int) -> int:

@@ -36,16 +36,16 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
     k = m["num_spec_tokens"]
     alpha = alpha_from_histogram(m["acceptance_histogram"], k)
     lines += [
-        "| number | value | what it means |",
-        "|---|---|---|",
-        f"| draft_acceptance_rate | **{m['draft_acceptance_rate']:.3f}** | share of all drafted tokens the target kept |",
-        f"| mean_acceptance_length | **{m['mean_acceptance_length']:.3f}** | tokens gained per verify step, counting the target's own token (1 = no gain) |",
-        f"| per-token acceptance α | **{alpha:.3f}** | chance one draft token is kept, given those before it were (estimated from the histogram) |",
-        f"| num_spec_steps | {m['num_spec_steps']} | verify steps that checked at least one draft |",
-        f"| drafted / accepted | {m['num_draft_tokens']} / {m['num_accepted_draft_tokens']} | draft tokens proposed / kept |",
-        f"| num_spec_tokens (K) | {k} | the most drafts one step may verify |",
+        f"- **draft_acceptance_rate = {m['draft_acceptance_rate']:.3f}** — share of all drafted tokens "
+        "the target kept.",
+        f"- **mean_acceptance_length = {m['mean_acceptance_length']:.3f}** — tokens gained per verify step, "
+        "counting the target's own token (1.0 = no gain).",
+        f"- **per-token acceptance α = {alpha:.3f}** — chance one draft token is kept, given those before "
+        "it were (from the histogram: accepted ÷ positions tested).",
+        f"- num_spec_steps **{m['num_spec_steps']}** verify steps · drafted **{m['num_draft_tokens']}** · "
+        f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**.",
     ]
-    return "\n".join(lines)
+    return "\n\n".join(lines[:1]) + "\n\n" + "\n".join(lines[1:])
 
 
 def histogram_figure(result: RequestResult | None) -> go.Figure:
@@ -55,7 +55,7 @@ def histogram_figure(result: RequestResult | None) -> go.Figure:
         hist = m["acceptance_histogram"]
         fig.add_bar(x=[str(j) for j in range(len(hist))], y=hist, marker_color="#4c8bd6",
                     hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>")
-    fig.update_layout(title="acceptance_histogram: steps that accepted j drafts",
+    fig.update_layout(title="acceptance_histogram",
                       xaxis_title="j accepted drafts", yaxis_title="steps", **_LAYOUT)
     return fig
 
@@ -68,6 +68,6 @@ def position_figure(result: RequestResult | None) -> go.Figure:
         fig.add_bar(x=[str(i + 1) for i in range(len(rates))], y=[r if r is not None else 0 for r in rates],
                     marker_color="#e08a2e",
                     hovertemplate="position %{x}: kept %{y:.2f} of the times it was reached<extra></extra>")
-    fig.update_layout(title="acceptance per draft position (given the position was reached)",
+    fig.update_layout(title="P(kept) per draft position, when reached",
                       xaxis_title="draft position", yaxis=dict(range=[0, 1.05], title="P(kept)"), **_LAYOUT)
     return fig

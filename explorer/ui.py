@@ -45,15 +45,15 @@ def status_markdown(service: EngineService) -> str:
         f"method **{cfg.method}**, K={cfg.k}" + (f", K table {cfg.k_table}" if cfg and cfg.k_table else "")
         if cfg else "")
     if st.state == "ready":
-        return f"🟢 Engine ready ({what}) at `{st.url}`."
+        return f"● **Engine ready** ({what}) at `{st.url}`."
     if st.state == "starting":
         p = st.progress
         frac = p.fraction if p else 0.0
         bar = "█" * int(frac * 20) + "░" * (20 - int(frac * 20))
-        return f"🟡 Engine starting ({what}): `{bar}` {frac:.0%} — {p.message if p else ''}"
+        return f"◐ **Engine starting** ({what}): `{bar}` {frac:.0%} — {p.message if p else ''}"
     if st.state == "failed":
-        return f"🔴 Engine failed to start: {st.error}"
-    return f"⚪ Engine {st.state}."
+        return f"✕ **Engine failed to start:** {st.error}"
+    return f"○ Engine {st.state}."
 
 
 def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults) -> gr.Blocks:
@@ -152,7 +152,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             try:
                 cfg.validate()
             except ValueError as e:
-                return f"🔴 {e}"
+                return f"✕ {e}"
             service.start(cfg)  # returns at once; the status line shows progress
             return status_markdown(service)
 
@@ -176,7 +176,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             v = compare(result, plain, float(temp))
             speed = (f" Speed: {result.tokens_per_second:.2f} tokens/s with speculation, "
                      f"{plain.tokens_per_second:.2f} without: **{v.speedup:.2f}x**." if v.speedup else "")
-            yield f"**{'✅' if v.identical else '⚠️'} {v.message}**{speed}", result.text, plain.text
+            yield f"**{'✓' if v.identical else '≠'} {v.message}**{speed}", result.text, plain.text
 
         check_btn.click(check, [last, temperature], [verdict, spec_text, plain_text], api_name="lossless")
 
