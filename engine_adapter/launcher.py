@@ -60,6 +60,10 @@ _MILESTONES = [
 # log fragment -> explanation; checked in order against the log of a failed start
 _FAILURES = [
     ("Address already in use", "port {port} on 127.0.0.1 is already taken by another program"),
+    ("is less than requested memory for kv", "not enough free memory for the KV cache it was asked to "
+     "reserve (kv_cache_gib={kv} GiB); lower it or free memory"),
+    ("to serve at least one request", "the KV cache (kv_cache_gib={kv} GiB) is too small for max_model_len; "
+     "raise kv_cache_gib or lower max_model_len"),
     ("out of memory", "the machine ran out of memory while loading the models; "
      "lower the KV cache (kv_cache_gib) or use smaller models"),
     ("Cannot allocate memory", "the machine ran out of memory while loading the models"),
@@ -126,6 +130,7 @@ class EngineProcess:
         self.tap_addr = f"ipc://{self._workdir}/tap.sock" if config.tap else None
         self._resolve = resolve
         self._proc: subprocess.Popen | None = None
+        self._keep_log = log_path is not None
         self._log = None
         self.target_dir: Path | None = None
         self.draft_dir: Path | None = None
@@ -191,6 +196,7 @@ class EngineProcess:
         try:
             self._wait_ready(report, timeout_s)
         except BaseException:
+            self._keep_log = True  # the error message points at the log
             self.stop()
             raise
 
@@ -220,7 +226,8 @@ class EngineProcess:
     def _explain_failure(self, log: str) -> str:
         for needle, why in _FAILURES:
             if needle in log:
-                return f"vLLM failed to start: {why.format(port=self.port)}. Log: {self.log_path}"
+                why = why.format(port=self.port, kv=self.config.kv_cache_gib)
+                return f"vLLM failed to start: {why}. Log: {self.log_path}"
         tail = "\n".join(log.strip().splitlines()[-15:])
         return f"vLLM exited during start-up. Last lines of its log ({self.log_path}):\n{tail}"
 
@@ -243,7 +250,7 @@ class EngineProcess:
         if self._log:
             self._log.close()
             self._log = None
-        self._cleanup_dir(keep_log=True)
+        self._cleanup_dir(keep_log=self._keep_log)
 
     def _cleanup_dir(self, keep_log: bool = False) -> None:
         sock = self._workdir / "tap.sock"

@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from engine_adapter.engine_config import EngineConfig, available_methods
+from engine_adapter.record import request_line
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.service import EngineService
 from explorer.live_charts import bin_steps, foreground_rate, live_figure
@@ -96,6 +97,8 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                     with gr.Row():
                         spec_text = gr.Textbox(label="with speculation", lines=8, interactive=False)
                         plain_text = gr.Textbox(label="speculation off", lines=8, interactive=False)
+                with gr.Accordion("This request's trace (the recorder's JSON)", open=False):
+                    trace = gr.JSON(elem_id="trace", show_label=False)
         gr.Markdown("## Live engine (whole server, last 3 minutes)")
         live = gr.Plot(live_figure(bin_steps([], 0.0)), show_label=False, elem_id="live-charts")
         with gr.Accordion("Why does this happen?", open=False):
@@ -110,7 +113,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
 
         def refuse(message: str):
             return token_view_value([], message=message, level="warn"), gr.skip(), gr.skip(), gr.skip(), \
-                gr.skip(), gr.skip()
+                gr.skip(), gr.skip(), gr.skip()
 
         async def run(text: str, temp: float, n_tokens: int):
             text = text or ""
@@ -132,17 +135,18 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                         steps.append(item)
                         times.append((item.t, len(item.emitted)))
                         yield token_view_value(steps, streaming=True, prompt=text), card_markdown(None, steps), \
-                            gr.skip(), gr.skip(), gr.skip(), times
+                            gr.skip(), gr.skip(), gr.skip(), times, gr.skip()
                     elif isinstance(item, RequestResult):
                         yield token_view_value(item.steps, prompt=text, footer=f"{len(item.token_ids)} tokens, "
                                                f"{len(item.steps)} engine steps"), \
-                            card_markdown(item), histogram_figure(item), position_figure(item), item, times
+                            card_markdown(item), histogram_figure(item), position_figure(item), item, times, \
+                            request_line(item)
             except Exception as e:  # the page says what went wrong, and keeps what streamed
                 yield token_view_value(steps, prompt=text, message=f"The request ended early: {e}",
                                        level="error"), \
-                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), times
+                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), times, gr.skip()
 
-        run_outputs = [view, card, hist, pos, last, fg_steps]
+        run_outputs = [view, card, hist, pos, last, fg_steps, trace]
         run_event = run_btn.click(run, [prompt, temperature, max_tokens], run_outputs, api_name="run")
         prompt.submit(run, [prompt, temperature, max_tokens], run_outputs, api_name=False)
         stop_btn.click(None, None, None, cancels=[run_event])

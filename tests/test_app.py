@@ -11,11 +11,18 @@ def test_run_streams_coloured_tokens_and_the_card(app_url):
     job = client.submit("def add(a, b):", 0.0, 32, api_name="/run")
     updates = list(job)
     assert len(updates) >= 3, "the token view should update at every engine step"
-    view, card, _hist, _pos = updates[-1]
-    kinds = {t["k"] for s in view["steps"] for t in s["t"]}
-    assert "prefill" in kinds and kinds & {"accepted", "recovered", "bonus"}
-    assert sum(len(s["t"]) for s in view["steps"]) == 32
-    assert "draft_acceptance_rate" in card and "mean_acceptance_length" in card
+    view, card, _hist, _pos, trace = updates[-1]
+    kinds = [t["k"] for s in view["steps"] for t in s["t"]]
+    assert "prefill" in kinds and set(kinds) & {"accepted", "recovered", "bonus"}
+    assert len(kinds) == 32
+    # the page shows the engine's own numbers for this very request
+    assert kinds == trace["kinds"]
+    m = trace["spec_decode_metrics"]
+    assert f"draft_acceptance_rate = {m['draft_acceptance_rate']:.3f}" in card
+    assert f"mean_acceptance_length = {m['mean_acceptance_length']:.3f}" in card
+    assert f"drafted **{m['num_draft_tokens']}**" in card
+    assert [len(s["r"]) for s in view["steps"]] == [len(s["drafted"]) - s["accepted"] if s["drafted"] else 0
+                                                   for s in trace["steps"]]
 
 
 @pytest.mark.parametrize("prompt, expected", [
