@@ -45,8 +45,10 @@ def main(argv: list[str] | None = None) -> None:
         service.attach(args.attach, args.tokenizer, args.k)
     else:
         service.start(config)
-    # SIGTERM (a Space stopping, `kill`) exits through the same clean-up as Ctrl-C.
+    # SIGTERM (a Space stopping, `kill`) exits through the same clean-up as Ctrl-C;
+    # SIGINT is re-armed because a shell starts background jobs with it ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     demo = build_ui(service, presets, UiDefaults(config=config))
     try:
         demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)

@@ -79,7 +79,8 @@ class EngineService:
         # a speculation-off engine on the same target, started on first use
         self._reference: LiveEngine | None = None
         self._reference_lock = asyncio.Lock()
-        self._submit(self._poll_prom())
+        self._prom_task: asyncio.Task | None = None
+        self._submit(self._start_prom())
 
     # --- plumbing -----------------------------------------------------------
     def _submit(self, coro) -> Future:
@@ -146,13 +147,23 @@ class EngineService:
             engine, self._engine = self._engine, None
             await engine.close()
 
+    async def _start_prom(self) -> None:
+        self._prom_task = asyncio.create_task(self._poll_prom())
+
+    async def _shutdown(self) -> None:
+        if self._prom_task is not None:
+            self._prom_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._prom_task
+        await self._teardown()
+
     def close(self) -> None:
         """Stop everything (engine process included); safe to call twice."""
         if self._loop.is_closed():
             return
         if self._loop.is_running():
             with contextlib.suppress(Exception):
-                self._submit(self._teardown()).result(timeout=60)
+                self._submit(self._shutdown()).result(timeout=60)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
         self._set(state="stopped")

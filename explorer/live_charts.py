@@ -57,7 +57,10 @@ def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = 180.0,
         if col.startswith("acc") and col[3:].isdigit():
             i = col[3:]
             out[f"pos{i}"] = (df[col] / df[f"reach{i}"]).where(df[f"reach{i}"] > 0)
-    return out.reset_index().rename(columns={"bin": "t"})
+    # every bin of the window, empty ones as gaps: a line must not bridge idle time
+    grid = [b * bin_s + bin_s / 2 for b in range(-int(window_s // bin_s), 0)]
+    out = out.reindex(sorted(set(grid) | set(out.index)))
+    return out.reset_index().rename(columns={"index": "t", "bin": "t"})
 
 
 def live_figure(df: pd.DataFrame, markers: Sequence[tuple[float, int]] = (),

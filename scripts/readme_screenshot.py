@@ -31,11 +31,20 @@ def main() -> None:
             args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"])
         page = browser.new_page(viewport={"width": 1400, "height": 1200})
-        page.goto(args.url)
+        for _ in range(120):  # the app may still be starting its web server
+            try:
+                page.goto(args.url)
+                break
+            except Exception:
+                page.wait_for_timeout(1000)
         page.wait_for_selector("#engine-status:has-text('Engine ready')", timeout=600_000)
         number = page.locator("#load input[type=number]")
-        number.fill(str(args.load))
-        number.press("Enter")
+        for _ in range(10):  # until the page confirms the load is running
+            number.fill(str(args.load))
+            number.press("Enter")
+            page.wait_for_timeout(3000)
+            if f"{args.load} requested" in page.locator("#load-readout").inner_text():
+                break
         page.wait_for_timeout(args.warm_s * 1000)
         page.locator("#prompt textarea").fill(
             "Write a Python function that returns the n-th Fibonacci number, with a docstring.")

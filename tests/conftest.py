@@ -102,11 +102,12 @@ def app_url(tiny, tmp_path_factory):
             pytest.fail("the app's engine never became ready:\n" + log.read_text()[-3000:])
         yield url
     finally:
-        app.send_signal(signal.SIGINT)
+        app.send_signal(signal.SIGINT)  # Ctrl-C
         try:
             app.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(app.pid, signal.SIGKILL)
+            pytest.fail("the app did not exit within 60 s of Ctrl-C (SIGINT)")
         from tests.test_launcher import wait_gone
 
         assert wait_gone(str(tiny.perturbed), 30) == [], "the engine outlived the app"

@@ -93,6 +93,13 @@ def test_slider_adds_and_removes_real_load(page):
     assert live.locator(".scatterlayer .trace").count() >= 4
     page.screenshot(path=str(SHOTS / "2-under-load.png"), full_page=True)
 
+    # the typed input works too
+    number = page.locator("#load input[type=number]")
+    number.fill("4")
+    number.press("Enter")
+    page.wait_for_function(
+        "() => document.querySelector('#load-readout').innerText.includes('4 requested')", timeout=30_000)
+
     drag_slider(page, 0)
     page.wait_for_function(
         "() => document.querySelector('#load-readout').innerText.includes('No background load')",
