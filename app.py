@@ -1,6 +1,6 @@
 """Speculative decoding explorer: wires the engine service to the UI and launches.
 
-    python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3]
+    python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3] [--k-table JSON]
                   [--target SPEC] [--draft SPEC] [--attach URL]
 """
 
@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from engine_adapter.engine_config import METHODS, EngineConfig
+from engine_adapter.engine_config import METHODS, EngineConfig, validate_k_table
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.service import EngineService
 from explorer.presets import load_presets
@@ -24,6 +24,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--method", choices=METHODS, default="draft")
     p.add_argument("--k", type=int, default=3)
+    p.add_argument("--k-table", default=None,
+                   help="vLLM's num_speculative_tokens_per_batch_size as JSON, e.g. '[[1,2,3],[3,8,1],[9,64,0]]'")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16")
@@ -36,9 +38,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    config = EngineConfig(method=args.method, k=args.k, target=args.target, draft=args.draft,
-                          dtype=args.dtype, max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib)
-    config.validate()
+    try:
+        k_table = validate_k_table(args.k_table) if args.k_table else None
+        config = EngineConfig(method=args.method, k=args.k, k_table=k_table, target=args.target,
+                              draft=args.draft, dtype=args.dtype, max_model_len=args.max_model_len,
+                              kv_cache_gib=args.kv_cache_gib)
+        config.validate()
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     presets = load_presets()
     service = EngineService(background_prompts=[p.prompt for p in presets])
     if args.attach:

@@ -97,7 +97,8 @@ class EngineClient:
         while time.monotonic() < deadline:
             seen = self.tap.steps_seen
             r = await self._http.post(f"{self.base_url}/v1/completions", json=body)
-            r.raise_for_status()
+            if r.status_code != 200:
+                raise RequestError(f"the engine answered {r.status_code} to a one-token request: {r.text[:500]}")
             for _ in range(20):
                 if self.tap.steps_seen > seen:
                     return

@@ -54,8 +54,11 @@ class LiveEngine:
                 proc.url, tokenizer, tap_addr=proc.tap_addr, k_hint=config.k
             )
             await client.start()
-        except BaseException:
+        except BaseException as e:
+            proc.keep_log()
             proc.stop()
+            if isinstance(e, Exception) and not isinstance(e, EngineStartError):
+                raise EngineStartError(f"the engine started but did not serve: {e}. Log: {proc.log_path}") from e
             raise
         version = await _server_version(proc.url)
         return cls(client=client, config=config, process=proc, url=proc.url, vllm_version=version)

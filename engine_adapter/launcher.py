@@ -143,6 +143,10 @@ class EngineProcess:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
+    def keep_log(self) -> None:
+        """Keep the engine's log after stop() (for an error message that points at it)."""
+        self._keep_log = True
+
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

@@ -114,3 +114,32 @@ def foreground_rate(step_times: Sequence[tuple[float, int]], now: float, bin_s: 
     df["bin"] = (df["t"] - now) // bin_s * bin_s + bin_s / 2
     g = df.groupby("bin")["n"].sum() / bin_s
     return pd.DataFrame({"t": g.index, "tokens_per_s": g.values})
+
+
+def bin_prom(snapshots: Sequence, now: float, window_s: float = 180.0) -> pd.DataFrame:
+    """The same columns as ``bin_steps`` from ``/metrics`` snapshots (attach mode: no tap).
+
+    Each pair of consecutive snapshots (about a second apart) is one row. What
+    /metrics cannot give per step (K in force, tokens per request-step) is
+    estimated from counters: effective K = draft tokens / drafts, tokens per
+    request-step ~ mean_acceptance_length.
+    """
+    rows = []
+    for a, b in zip(snapshots, snapshots[1:]):
+        if now - b.t > window_s:
+            continue
+        d = b - a
+        row = {
+            "t": b.t - now,
+            "k": d.effective_k,
+            "batch": b.running,
+            "effective_k": d.effective_k,
+            "tokens_per_step": d.mean_acceptance_length,
+            "accepted_per_step": (d.mean_acceptance_length - 1) if d.mean_acceptance_length else None,
+            "acceptance_rate": d.draft_acceptance_rate,
+            "total_tokens_per_s": d.generation_tokens_per_second,
+        }
+        for i, p in enumerate(d.per_position_acceptance):
+            row[f"pos{i + 1}"] = p
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -18,7 +18,7 @@ from engine_adapter.engine_config import EngineConfig, available_methods
 from engine_adapter.record import request_line
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.service import EngineService
-from explorer.live_charts import bin_steps, foreground_rate, live_figure
+from explorer.live_charts import bin_prom, bin_steps, foreground_rate, live_figure
 from explorer.lossless import compare
 from explorer.presets import Preset, preset_choices
 from explorer.request_card import card_markdown, histogram_figure, position_figure
@@ -194,6 +194,8 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             st = service.background_stats()
             last_step = service.steps_since(time.monotonic() - 2.0)
             running = max((s.batch_size for s in last_step), default=0)
+            if service.status().attached and service.prom_history():
+                running = int(service.prom_history()[-1].running)
             if st is None or (st.target == 0 and st.in_flight == 0):
                 return f"No background load. Requests running in the engine: **{running}**."
             err = f" Last error: {st.last_error}" if st.last_error else ""
@@ -206,7 +208,10 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
 
         def refresh(times: list[tuple[float, int]]):
             now = time.monotonic()
-            df = bin_steps(service.steps_since(now - 180.0), now)
+            if service.status().attached:  # no tap: server-wide counters from /metrics
+                df = bin_prom(service.prom_history(), now)
+            else:
+                df = bin_steps(service.steps_since(now - 180.0), now)
             markers = [(t - now, n) for t, n in service.load_changes]
             return live_figure(df, markers, foreground_rate(times or [], now)), load_text()
 

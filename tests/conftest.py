@@ -65,7 +65,8 @@ class EngineCache:
         self._engines.clear()
 
 
-@pytest_asyncio.fixture(scope="session")
+# module scope: a dozen idle tiny engines would crowd the 24 GiB the packaged pair needs
+@pytest_asyncio.fixture(scope="module")
 async def engines(tiny: TinyFamily):
     cache = EngineCache(tiny)
     yield cache
@@ -75,7 +76,7 @@ async def engines(tiny: TinyFamily):
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def app_url(tiny, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"

@@ -43,3 +43,18 @@ def test_html_in_the_prompt_is_inert(app_url):
         for t in s["t"] + s["r"]:
             assert "<img" not in t["h"] and "${" not in t["h"] and "`" not in t["h"]
             assert "<" not in t["tip"] and "${" not in t["tip"]
+
+
+def test_lossless_check_compares_with_speculation_off(app_url):
+    client = Client(app_url, verbose=False)
+    *_, trace = client.predict("The quick brown fox", 0.0, 24, api_name="/run")
+    verdict, spec_text, plain_text = client.predict(0.0, api_name="/lossless")
+    assert "Identical: all 24 tokens match" in verdict, verdict
+    assert spec_text == plain_text == trace["text"]
+    assert "tokens/s with speculation" in verdict and "x**" in verdict
+
+
+def test_lossless_check_without_a_run_says_what_to_do(app_url):
+    client = Client(app_url, verbose=False)
+    verdict, *_ = client.predict(0.0, api_name="/lossless")
+    assert "Run a prompt first" in verdict

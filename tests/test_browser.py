@@ -125,3 +125,19 @@ def test_html_and_script_in_the_prompt_render_as_text(page):
     # the prompt is shown, as text
     assert "<img src=x onerror=alert(1)>" in page.locator("#token-view .tv-prompt").inner_text()
     assert "${alert(3)}" in page.locator("#token-view .tv-prompt").inner_text()
+
+
+def test_changing_the_method_restarts_the_engine_visibly(page):
+    page.get_by_label("ngram (prompt lookup)").check()
+    page.locator("#apply").click()
+    page.wait_for_selector("#engine-status:has-text('Engine starting')", timeout=30_000)
+    page.screenshot(path=str(SHOTS / "5-restarting.png"))
+    page.wait_for_selector("#engine-status:has-text('Engine ready')", timeout=180_000)
+    assert "method ngram" in page.locator("#engine-status").inner_text()
+    # the page still works after the restart
+    page.locator("#prompt textarea").fill("ab ab ab ab ab ab")
+    page.locator("#run").click()
+    page.wait_for_function(
+        "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('ab ab ab')",
+        timeout=60_000)
+    page.wait_for_selector("#token-view .tv-footer", timeout=60_000)
