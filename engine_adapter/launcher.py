@@ -218,7 +218,7 @@ class EngineProcess:
                     raise EngineStartError(self._explain_failure(log))
                 try:
                     if client.get(f"{self.url}/health").status_code == 200:
-                        report(StartProgress("ready", 1.0, f"engine ready at {self.url}"))
+                        report(StartProgress("ready", 1.0, f"server answering at {self.url}; checking the tap"))
                         return
                 except httpx.HTTPError:
                     pass

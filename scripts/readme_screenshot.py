@@ -37,7 +37,7 @@ def main() -> None:
                 break
             except Exception:
                 page.wait_for_timeout(1000)
-        page.wait_for_selector("#engine-status:has-text('Engine ready')", timeout=600_000)
+        page.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=600_000)
         number = page.locator("#load input[type=number]")
         for _ in range(10):  # until the page confirms the load is running
             number.fill(str(args.load))

@@ -94,7 +94,7 @@ def app_url(tiny, tmp_path_factory):
             try:
                 if client is None and httpx.get(url, timeout=2).status_code == 200:
                     client = Client(url, verbose=False)
-                if client is not None and "Engine ready" in client.predict(api_name="/status"):
+                if client is not None and "● **Engine ready**" in client.predict(api_name="/status"):
                     break
             except (httpx.HTTPError, ValueError):
                 pass

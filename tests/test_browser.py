@@ -32,7 +32,7 @@ def page(app_url):
         pg.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
         pg.dialogs = dialogs
         pg.goto(app_url)
-        pg.wait_for_selector("#engine-status:has-text('Engine ready')", timeout=120_000)
+        pg.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=120_000)
         yield pg
         browser.close()
 
@@ -132,7 +132,7 @@ def test_changing_the_method_restarts_the_engine_visibly(page):
     page.locator("#apply").click()
     page.wait_for_selector("#engine-status:has-text('Engine starting')", timeout=30_000)
     page.screenshot(path=str(SHOTS / "5-restarting.png"))
-    page.wait_for_selector("#engine-status:has-text('Engine ready')", timeout=180_000)
+    page.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=180_000)
     assert "method ngram" in page.locator("#engine-status").inner_text()
     # the page still works after the restart
     page.locator("#prompt textarea").fill("ab ab ab ab ab ab")

@@ -178,3 +178,12 @@ async def test_attach_mode_against_a_separately_started_server(tiny, engines):
             await attached.close()
     finally:
         server.stop()
+
+
+def test_a_kv_cache_larger_than_memory_is_explained(tiny):
+    cfg = tiny_config(tiny, "off")
+    cfg.kv_cache_gib = 4096  # far more than this machine has
+    proc = EngineProcess(cfg, resolve=Path)
+    with pytest.raises(EngineStartError, match="not enough free memory for the KV cache"):
+        proc.start(timeout_s=300)
+    assert not proc.is_alive() and _group_members(proc.pid) == []
