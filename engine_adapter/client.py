@@ -29,11 +29,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import zmq
 from transformers import PreTrainedTokenizerBase
+
+from engine_adapter.engine_config import KTable, validate_k_table
 
 from engine_adapter.provenance import kinds_for_step, metrics_from_steps, steps_from_counts
 from engine_adapter.records import RequestResult, Step, Token
 from engine_adapter.tap_client import TapReceiver
+from engine_adapter.tap_wire import encode_control
 from engine_adapter.token_text import IncrementalText, draft_text
 
 TAP_GRACE_S = 5.0  # how long to wait for the tap's last step after the HTTP stream ends
@@ -61,6 +65,7 @@ class EngineClient:
         tokenizer: PreTrainedTokenizerBase,
         *,
         tap_addr: str | None = None,
+        control_addr: str | None = None,
         model: str | None = None,
         use_chat_template: bool = True,
         k_hint: int = 0,
@@ -73,6 +78,13 @@ class EngineClient:
         )
         self.k_hint = k_hint  # K to label attach-mode steps until vLLM's counts arrive
         self.tap = TapReceiver(tap_addr) if tap_addr else None
+        self._control = None
+        if control_addr:
+            self._control = self.tap._ctx.socket(zmq.PUSH) if self.tap else None
+            if self._control is not None:
+                self._control.setsockopt(zmq.LINGER, 0)
+                self._control.setsockopt(zmq.SNDTIMEO, 2000)
+                self._control.bind(control_addr)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(10.0, read=600.0), limits=httpx.Limits(max_connections=256)
         )
@@ -108,7 +120,30 @@ class EngineClient:
             "was the engine started with the tap (--scheduler-cls engine_adapter.scheduler_tap...)?"
         )
 
+    @property
+    def live_policies(self) -> bool:
+        """True when the engine takes K tables live (started with k_max and the tap)."""
+        return self._control is not None
+
+    async def set_k_table(self, table: Any) -> KTable:
+        """Replace the engine's batch-size -> K table while it runs (vLLM's rules).
+
+        Takes effect at the engine's next schedule() call; K is capped at the
+        engine's num_speculative_tokens (k_max). Raises ValueError for a bad table.
+        """
+        if self._control is None:
+            raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
+        rows = validate_k_table(table)
+        await self._control.send(encode_control({"table": [list(r) for r in rows]}))
+        return rows
+
+    async def set_k(self, k: int) -> KTable:
+        """Fixed K for every batch size (0 = no drafts), live."""
+        return await self.set_k_table([[1, 1 << 20, int(k)]])
+
     async def close(self) -> None:
+        if self._control is not None:
+            self._control.close(0)
         await self._http.aclose()
         if self.tap is not None:
             await self.tap.close()

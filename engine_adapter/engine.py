@@ -51,7 +51,8 @@ class LiveEngine:
             await asyncio.to_thread(proc.start, progress)
             tokenizer = await asyncio.to_thread(load_tokenizer, proc.target_dir)
             client = EngineClient(
-                proc.url, tokenizer, tap_addr=proc.tap_addr, k_hint=config.k
+                proc.url, tokenizer, tap_addr=proc.tap_addr, control_addr=proc.control_addr,
+                k_hint=config.k,
             )
             await client.start()
         except BaseException as e:

@@ -48,6 +48,10 @@ class EngineConfig:
     # vLLM's default (1: on 2 cores the worker gets one). 0 gave +43 % tokens/s
     # at concurrency 1 on this machine, at the cost of the API server's headroom.
     reserved_cpus: int | None = None
+    # Live K policies: start vLLM with num_speculative_tokens = k_max and a K table
+    # (k_table, or K=k for every batch size), and open the control channel through
+    # which the table can be replaced while the engine runs. None = off.
+    k_max: int | None = None
     extra_args: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -62,6 +66,8 @@ class EngineConfig:
             raise ValueError(f"K (num_speculative_tokens) must be between 1 and 16; got {self.k}")
         if self.k_table is not None:
             self.k_table = validate_k_table(self.k_table)
+        if self.k_max is not None and not self.k <= self.k_max <= 16:
+            raise ValueError(f"k_max must be between K ({self.k}) and 16; got {self.k_max}")
 
     @property
     def async_scheduling(self) -> bool:
@@ -123,7 +129,7 @@ def k_for_batch_size(table: KTable, batch_size: int, k_max: int) -> int:
 def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str, Any] | None:
     if config.method == "off":
         return None
-    spec: dict[str, Any] = {"num_speculative_tokens": config.k}
+    spec: dict[str, Any] = {"num_speculative_tokens": config.k_max or config.k}
     if config.method == "ngram":
         spec |= {
             "method": "ngram",
@@ -134,8 +140,11 @@ def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str,
         spec |= {"method": "draft_model", "model": draft_dir}
     elif config.method == "suffix":
         spec |= {"method": "suffix"}
-    if config.k_table is not None:
-        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in config.k_table]
+    table = config.k_table
+    if table is None and config.k_max is not None:
+        table = [(1, config.max_num_seqs, config.k)]  # table mode from the start: live-switchable
+    if table is not None:
+        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in table]
     return spec
 
 

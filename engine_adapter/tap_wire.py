@@ -30,6 +30,9 @@ from dataclasses import dataclass
 import msgspec
 
 TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
+# The control channel, adapter -> tap: msgpack dicts, e.g.
+#   {"table": [[start_bs, end_bs, K], ...]}   replace the batch-size -> K table live
+CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,3 +96,11 @@ def decode_step(payload: bytes) -> TapStep:
         dropped=dropped,
         reqs=[TapRequestStep(*r) for r in reqs],
     )
+
+
+def encode_control(message: dict) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_control(payload: bytes) -> dict:
+    return _decoder.decode(payload)

@@ -53,7 +53,9 @@ def check_invariants(r: RequestResult) -> None:
                 # the recovered token is never the draft it replaced
                 assert s.emitted[s.accepted] != s.drafted[s.accepted]
             assert [t.id for t in s.rejected] == s.drafted[s.accepted :]
-        assert 0 <= s.accepted <= s.num_drafted <= max(s.k, 0) or s.num_drafted == 0
+        # (num_drafted may exceed the K in force for one step after a live K change:
+        # vLLM's async scheduler sizes draft placeholders from the previous step)
+        assert 0 <= s.accepted <= s.num_drafted
         kinds += kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted))
     assert kinds == r.kinds
     assert len(r.kinds) == len(r.token_ids)

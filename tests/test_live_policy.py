@@ -1,0 +1,85 @@
+"""Live K policy switching through the tap's control channel (tiny models, under load)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from engine_adapter.engine import LiveEngine
+from engine_adapter.engine_config import k_for_batch_size
+from engine_adapter.load import BackgroundLoad
+from tests.conftest import tiny_config
+from tests.test_engine_tiny import PROMPTS, check_invariants, run
+
+
+@pytest_asyncio.fixture(scope="module")
+async def live_engine(tiny):
+    cfg = tiny_config(tiny, "draft", "same", k=3)
+    cfg.k_max = 4
+    engine = await LiveEngine.launch(cfg, resolve=Path)
+    yield engine
+    await engine.close()
+
+
+async def steps_after(engine, n: int, timeout_s: float = 30.0):
+    q = engine.client.tap.watch()
+    out = []
+    try:
+        async with asyncio.timeout(timeout_s):
+            while len(out) < n:
+                out.append(await q.get())
+    finally:
+        engine.client.tap.unwatch(q)
+    return out
+
+
+@pytest.mark.parametrize("table", [
+    [[1, 64, 1]],
+    [[1, 64, 0]],
+    [[1, 1, 4], [2, 64, 2]],
+    [[1, 64, 3]],
+], ids=["k1", "k0", "table-4-then-2", "k3"])
+async def test_a_live_switch_under_load_changes_k_within_two_steps(live_engine, table):
+    def expected(batch_size: int) -> int:
+        return k_for_batch_size([tuple(r) for r in table], batch_size, 4)
+
+    load = BackgroundLoad(live_engine.client, PROMPTS, max_tokens=400, max_seconds=120)
+    load.set_concurrency(2)
+    try:
+        await steps_after(live_engine, 5)  # the load is flowing
+        sent_at = live_engine.client.tap.last_step.seq
+        await live_engine.client.set_k_table(table)
+        steps = await steps_after(live_engine, 8)
+        seen = [(s.seq, s.batch_size, s.k) for s in steps]
+        switched = [s for s in steps if s.k == expected(s.batch_size)]
+        assert switched, seen
+        assert switched[0].seq - sent_at <= 2, f"K changed later than two steps after the switch: {seen}"
+        later = [s for s in steps if s.seq > sent_at + 2]
+        assert later and all(s.k == expected(s.batch_size) for s in later), seen
+        # drafts verified per request never exceed the K in force
+        assert all(s.num_drafted <= s.k * s.num_drafting for s in later)
+    finally:
+        await load.stop()
+
+
+async def test_bad_tables_are_refused_and_the_engine_keeps_going(live_engine):
+    with pytest.raises(ValueError, match="first row must start at batch size 1"):
+        await live_engine.client.set_k_table([[2, 8, 3]])
+    await live_engine.client.set_k(2)
+    r = await run(live_engine, PROMPTS[0], max_tokens=24)
+    check_invariants(r)
+    assert {s.k for s in r.steps[1:]} == {2}
+    assert r.spec_decode_metrics["num_spec_tokens"] == 4  # the engine's k_max
+
+
+async def test_output_stays_lossless_while_k_changes(live_engine, engines):
+    plain = await engines.get("off")
+    reference = await run(plain, PROMPTS[1], max_tokens=48)
+    for k in (0, 1, 4):
+        await live_engine.client.set_k(k)
+        r = await run(live_engine, PROMPTS[1], max_tokens=48)
+        check_invariants(r)
+        assert r.token_ids == reference.token_ids, k
