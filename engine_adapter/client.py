@@ -79,6 +79,7 @@ class EngineClient:
         self.k_hint = k_hint  # K to label attach-mode steps until vLLM's counts arrive
         self.tap = TapReceiver(tap_addr) if tap_addr else None
         self._control = None
+        self.controls_sent = 0  # compare with EngineStep.controls: applied by the engine
         if control_addr:
             self._control = self.tap._ctx.socket(zmq.PUSH) if self.tap else None
             if self._control is not None:
@@ -135,6 +136,7 @@ class EngineClient:
             raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
         rows = validate_k_table(table)
         await self._control.send(encode_control({"table": [list(r) for r in rows]}))
+        self.controls_sent += 1
         return rows
 
     async def set_k(self, k: int) -> KTable:

@@ -163,3 +163,4 @@ class EngineStep:
     reached_per_pos: tuple[int, ...]
     num_drafting: int  # requests that verified at least one draft this step
     tap_s: float
+    controls: int = 0  # control-channel commands the engine had applied by this step

@@ -70,6 +70,7 @@ class _TapMixin:
         self._tap = _StepPublisher(addr) if addr else None
         control = os.environ.get(CONTROL_ADDR_ENV)
         self._control = None
+        self._controls_applied = 0
         if control and self.dynamic_sd_lookup is not None:
             # Live K policies rewrite vLLM's own dense batch-size -> K lookup,
             # which exists only when the engine started with a K table.
@@ -92,6 +93,7 @@ class _TapMixin:
                     )
                 except (ValueError, TypeError):
                     pass  # the adapter validates first; a bad table must never stop the engine
+            self._controls_applied += 1
 
     def schedule(self, *args, **kwargs):
         if self._control is not None:
@@ -115,11 +117,19 @@ class _TapMixin:
         } if sampled else {}
         pre_s = time.perf_counter() - t_pre
         result = super().update_from_output(scheduler_output, model_runner_output)
+        try:
+            self._publish(scheduler_output, num_sampled, t_pre, pre_s, result)
+        except Exception:  # an observer must never stop the engine; the gap shows as lost steps
+            tap.dropped += 1
+        return result
+
+    def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result) -> None:
+        tap = self._tap
         t_in = time.perf_counter()
         start = tap.started.pop(id(scheduler_output), t_pre)
         num_scheduled = scheduler_output.num_scheduled_tokens
         if not num_scheduled:
-            return result  # an empty step: nothing ran
+            return  # an empty step: nothing ran
 
         # ids appended to each request's output this step, after stop checks
         emitted: dict[str, tuple[list[int], str | None]] = {}
@@ -157,11 +167,11 @@ class _TapMixin:
             tap.last_tap_s,
             tap.dropped,
             reqs,
+            self._controls_applied,
         )
         tap.publish(payload)
         tap.last_end = now
         tap.last_tap_s = time.perf_counter() - t_in + pre_s
-        return result
 
     def shutdown(self) -> None:
         if self._tap is not None:

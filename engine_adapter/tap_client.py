@@ -63,6 +63,7 @@ def summarize(step: TapStep) -> EngineStep:
         reached_per_pos=tuple(reached_pos),
         num_drafting=sum(1 for r in step.reqs if r.drafted),
         tap_s=step.tap_s,
+        controls=step.controls,
     )
 
 

@@ -6,7 +6,7 @@ only this module for the format, so it holds no vLLM and no UI imports.
 
 A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 
-    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs]
+    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls]
 
 - seq:         engine step counter (int, starts at 1, counts steps with work)
 - t:           time.monotonic() at the end of the step, seconds (CLOCK_MONOTONIC
@@ -21,6 +21,8 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 - dropped:     messages dropped so far because no reader kept up
 - reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
                finish_reason_or_None, num_prompt_tokens]
+- controls:    control messages applied so far (an acknowledgement: the step
+               that first carries n was scheduled under the n-th command)
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class TapStep:
     tap_s: float
     dropped: int
     reqs: list[TapRequestStep]
+    controls: int = 0
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -74,14 +77,15 @@ def encode_step(
     tap_s: float,
     dropped: int,
     reqs: list[list],
+    controls: int = 0,
 ) -> bytes:
     return _encoder.encode(
-        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs]
+        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls]
     )
 
 
 def decode_step(payload: bytes) -> TapStep:
-    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs = _decoder.decode(
+    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls = _decoder.decode(
         payload
     )
     return TapStep(
@@ -95,6 +99,7 @@ def decode_step(payload: bytes) -> TapStep:
         tap_s=tap_s,
         dropped=dropped,
         reqs=[TapRequestStep(*r) for r in reqs],
+        controls=controls,
     )
 
 
