@@ -277,10 +277,3 @@ class EngineService:
 
     def background_tokens_per_second(self, window_s: float = 10.0) -> float:
         return self._bg.tokens_per_second(window_s) if self._bg else 0.0
-
-    @property
-    def engine(self) -> LiveEngine | None:
-        return self._engine
-
-    def now(self) -> float:
-        return time.monotonic()
