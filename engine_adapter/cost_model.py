@@ -1,0 +1,125 @@
+"""Step-time cost model, measured: how long one engine step takes for a batch.
+
+Contract: ``CostPoint`` is one measured cell (batch size, K in force, tokens
+verified per step, median step seconds); ``fit_cost_model(points)`` fits
+
+    step_s(b, K) = verify_s(b * (K + 1)) + K * (draft_s + draft_s_per_req * b)
+    verify_s(n)  = base_s + slope_s * max(0, n - knee_tokens)
+
+i.e. a flat, memory-bound region (reading the weights once costs the same for
+1 or ``knee_tokens`` tokens) then a rising, compute-bound one, plus the draft
+model's own sequential passes (0 for ngram/suffix drafting). The knee is chosen
+by least squares over the measured token counts, so a CPU (knee near a handful
+of tokens) and a GPU (hundreds) go through the same code.
+
+Units: seconds, tokens per step. Pure numpy; no vLLM, no UI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from statistics import median
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class CostPoint:
+    batch_size: int
+    k: int  # K in force (num_spec_tokens_to_schedule)
+    num_tokens: int  # tokens verified per step (median), ~ batch_size * (K + 1)
+    step_s: float  # median seconds per engine step
+    samples: int = 1
+
+
+@dataclass(frozen=True)
+class CostModel:
+    base_s: float  # verify cost in the flat region, s
+    slope_s: float  # extra s per verified token beyond the knee
+    knee_tokens: float  # tokens per step where compute starts to bind
+    draft_s: float = 0.0  # drafter's cost per draft position per step, s
+    draft_s_per_req: float = 0.0  # ... and per position per request, s
+    points: tuple[CostPoint, ...] = field(default_factory=tuple)
+    rmse_s: float = 0.0  # fit error over the points, s
+
+    def verify_s(self, num_tokens: float) -> float:
+        return self.base_s + self.slope_s * max(0.0, num_tokens - self.knee_tokens)
+
+    def draft_cost_s(self, batch_size: int, k: int) -> float:
+        return k * (self.draft_s + self.draft_s_per_req * batch_size)
+
+    def step_s(self, batch_size: int, k: int) -> float:
+        """Predicted seconds per step with ``batch_size`` requests drafting K each."""
+        return self.verify_s(batch_size * (k + 1)) + self.draft_cost_s(batch_size, k)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["points"] = [asdict(p) for p in self.points]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        pts = tuple(CostPoint(**p) for p in d.get("points", ()))
+        return cls(**{k: v for k, v in d.items() if k != "points"}, points=pts)
+
+
+def points_from_steps(
+    steps: Iterable[tuple[int, int, int, float]], min_samples: int = 3
+) -> list[CostPoint]:
+    """Group (batch_size, k, num_tokens, step_s) observations into median cells.
+
+    Only pure decode steps belong here (``num_tokens <= batch_size * (k + 1)``):
+    a prefill chunk in the step would charge its prompt to the wrong cell.
+    """
+    cells: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    for b, k, n, s in steps:
+        if b > 0 and s > 0 and n <= b * (k + 1):
+            cells.setdefault((b, k), []).append((n, s))
+    return [
+        CostPoint(b, k, int(median(n for n, _ in obs)), median(s for _, s in obs), len(obs))
+        for (b, k), obs in sorted(cells.items())
+        if len(obs) >= min_samples
+    ]
+
+
+def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Least squares with coefficients >= 0 (drop a negative column, refit)."""
+    active = list(range(a.shape[1]))
+    coef = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            return coef
+        active.pop(int(np.argmin(sol)))
+    return coef
+
+
+def fit_cost_model(points: Sequence[CostPoint], drafter_runs_model: bool = False) -> CostModel:
+    """Fit the hinge (and drafter) model to measured cells; see the module docstring."""
+    if not points:
+        raise ValueError("no measured steps to fit a cost model to")
+    n = np.array([p.num_tokens for p in points], dtype=float)
+    y = np.array([p.step_s for p in points], dtype=float)
+    k = np.array([p.k for p in points], dtype=float)
+    b = np.array([p.batch_size for p in points], dtype=float)
+    w = np.sqrt(np.array([p.samples for p in points], dtype=float))  # cells with more steps weigh more
+    best: tuple[float, float, np.ndarray] | None = None
+    for knee in sorted({0.0, *n.tolist()}):
+        cols = [np.ones_like(n), np.maximum(0.0, n - knee)]
+        if drafter_runs_model:
+            cols += [k, k * b]
+        coef = _nonneg_lstsq(np.stack(cols, axis=1), y, w)
+        resid = np.stack(cols, axis=1) @ coef - y
+        err = float(np.sqrt(np.mean(resid**2)))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, knee, coef)
+    err, knee, coef = best
+    draft = coef[2:] if drafter_runs_model else np.zeros(2)
+    return CostModel(
+        base_s=float(coef[0]), slope_s=float(coef[1]), knee_tokens=float(knee),
+        draft_s=float(draft[0]), draft_s_per_req=float(draft[1]),
+        points=tuple(points), rmse_s=err,
+    )

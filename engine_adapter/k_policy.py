@@ -1,0 +1,176 @@
+"""K policies derived from measurements: the auto table and the slot auction.
+
+Contract (pure functions over numbers; no vLLM, no UI, so the scheduler tap
+and the tests call the same code):
+
+- ``expected_tokens(alphas, K)``: E(K) = 1 + sum_{i<=K} prod_{j<=i} alpha_j,
+  tokens one request emits per step when its draft position j survives with
+  probability alpha_j (given every earlier one did);
+- ``derive_auto_table(cost, alphas, k_max, max_batch)``: for every batch size
+  the K maximising E(K) / step_s(b, K) (emitted tokens per second), written as
+  vLLM's ``num_speculative_tokens_per_batch_size`` rows, with the curves it
+  maximised;
+- ``auction(scores, cost, batch_size)``: (request, position) draft slots
+  scored by survival probability, admitted globally best-first until the
+  number of slots maximising expected tokens per second under the cost model;
+  returns each request's admitted draft length;
+- ``SlotEstimator``: running per-request, per-position acceptance counts with a
+  shrinkage prior from all requests, giving each request's survival scores.
+
+Units: probabilities in [0, 1]; tokens per step; seconds via ``CostModel``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import mul
+
+from engine_adapter.cost_model import CostModel
+
+KTableRows = list[tuple[int, int, int]]
+
+
+def survival(alphas: Sequence[float]) -> list[float]:
+    """[prod_{j<=i} alpha_j for i = 1..len]: P(draft position i is accepted)."""
+    return list(accumulate((min(max(a, 0.0), 1.0) for a in alphas), mul))
+
+
+def expected_tokens(alphas: Sequence[float], k: int) -> float:
+    """E(K): expected tokens emitted per step (the target's own token included)."""
+    if k > len(alphas):
+        raise ValueError(f"need acceptance for {k} positions, have {len(alphas)}")
+    return 1.0 + sum(survival(alphas[:k]))
+
+
+@dataclass(frozen=True)
+class AutoTable:
+    rows: KTableRows  # vLLM's [start_bs, end_bs, K], inclusive, first starts at 1
+    k_by_batch: list[int]  # [max_batch], index b-1 -> chosen K
+    # tokens/s per request for K = 0..k_max at each batch size: [max_batch][k_max + 1]
+    rate: list[list[float]]
+    alphas: list[float]
+
+
+def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int) -> tuple[int, list[float]]:
+    """K in 0..k_max maximising E(K) / step_s(b, K), and the rate for each K (tokens/s per request)."""
+    rate = [expected_tokens(alphas, k) / cost.step_s(batch_size, k) for k in range(k_max + 1)]
+    return max(range(k_max + 1), key=lambda k: (rate[k], -k)), rate  # ties: the smaller K
+
+
+def rows_from_ks(k_by_batch: Sequence[int]) -> KTableRows:
+    """Compress a per-batch-size K list into inclusive vLLM rows."""
+    rows: KTableRows = []
+    for b, k in enumerate(k_by_batch, 1):
+        if rows and rows[-1][2] == k:
+            rows[-1] = (rows[-1][0], b, k)
+        else:
+            rows.append((b, b, k))
+    return rows
+
+
+def derive_auto_table(cost: CostModel, alphas: Sequence[float], k_max: int, max_batch: int) -> AutoTable:
+    if k_max < 0 or max_batch < 1:
+        raise ValueError("k_max must be >= 0 and max_batch >= 1")
+    alphas = list(alphas[:k_max]) + [0.0] * (k_max - len(alphas))  # unmeasured positions: no credit
+    ks, rates = [], []
+    for b in range(1, max_batch + 1):
+        k, rate = best_k(cost, alphas, b, k_max)
+        ks.append(k)
+        rates.append(rate)
+    return AutoTable(rows_from_ks(ks), ks, rates, alphas)
+
+
+@dataclass(frozen=True)
+class AuctionResult:
+    admitted: dict[str, int]  # request -> draft positions admitted (a prefix)
+    slots: int  # total admitted slots (the budget chosen)
+    expected_tokens: float  # per step, all requests: batch + sum of admitted scores
+    step_s: float  # predicted seconds for the step
+    # expected tokens per second for 0..len(candidates) admitted slots (the curve maximised)
+    rate_by_slots: list[float] = field(default_factory=list)
+
+
+def auction(
+    scores: Mapping[str, Sequence[float]],
+    cost: CostModel,
+    batch_size: int | None = None,
+    k_drafted: int = 0,
+) -> AuctionResult:
+    """Admit (request, position) slots best-first while expected tokens/s rises.
+
+    ``scores[r][i-1]`` is the survival probability of request r's draft
+    position i (non-increasing in i). ``batch_size`` counts every request in
+    the step (default: those scored); each emits at least its target token.
+    ``k_drafted``: positions the drafter ran this step (its cost is spent
+    whatever is admitted). A slot is taken only with all earlier positions of
+    its request, so admission is per-request prefix.
+    """
+    b = len(scores) if batch_size is None else batch_size
+    # a running minimum makes each request's scores non-increasing, so sorting
+    # by (score desc, position asc) admits every request's positions in order
+    order = sorted(
+        ((s, pos, rid) for rid, ss in scores.items()
+         for pos, s in enumerate(accumulate((float(x) for x in ss), min), 1)),
+        key=lambda x: (-x[0], x[1], x[2]),
+    )
+    fixed = cost.draft_cost_s(b, k_drafted)
+    gain = [float(b)]
+    for s, _, _ in order:
+        gain.append(gain[-1] + s)
+    rate = [g / (cost.verify_s(b + n) + fixed) for n, g in enumerate(gain)]
+    best = max(range(len(rate)), key=lambda n: (rate[n], -n))
+    admitted = {rid: 0 for rid in scores}
+    for _, _, rid in order[:best]:
+        admitted[rid] += 1
+    return AuctionResult(admitted, best, gain[best], cost.verify_s(b + best) + fixed, rate)
+
+
+@dataclass
+class SlotEstimator:
+    """Per-request acceptance per draft position, shrunk toward all requests'.
+
+    alpha_{r,i} = (accepted_{r,i} + m * alpha_i) / (reached_{r,i} + m), where
+    alpha_i is the pooled estimate over every request (itself starting from
+    ``prior``) and m = ``strength`` pseudo-observations.
+    """
+
+    k_max: int
+    prior: float = 0.5
+    strength: float = 2.0
+    pooled_reached: list[int] = field(default_factory=list)
+    pooled_accepted: list[int] = field(default_factory=list)
+    per_request: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.pooled_reached = [0] * self.k_max
+        self.pooled_accepted = [0] * self.k_max
+
+    def observe(self, request_id: str, num_drafted: int, accepted: int) -> None:
+        """One verify step: positions 1..min(accepted+1, drafted) were tested."""
+        reached, acc = self.per_request.setdefault(request_id, ([0] * self.k_max, [0] * self.k_max))
+        for i in range(min(accepted + 1, num_drafted, self.k_max)):
+            reached[i] += 1
+            self.pooled_reached[i] += 1
+            if i < accepted:
+                acc[i] += 1
+                self.pooled_accepted[i] += 1
+
+    def forget(self, request_id: str) -> None:
+        self.per_request.pop(request_id, None)
+
+    def pooled_alphas(self) -> list[float]:
+        m = self.strength
+        return [(a + m * self.prior) / (r + m) for a, r in zip(self.pooled_accepted, self.pooled_reached)]
+
+    def alphas(self, request_id: str) -> list[float]:
+        pooled = self.pooled_alphas()
+        if request_id not in self.per_request:
+            return pooled
+        reached, acc = self.per_request[request_id]
+        m = self.strength
+        return [(a + m * p) / (r + m) for a, r, p in zip(acc, reached, pooled)]
+
+    def scores(self, request_id: str, k: int) -> list[float]:
+        return survival(self.alphas(request_id)[:k])

@@ -1,0 +1,180 @@
+"""K policies on hand-made numbers: E(K), the auto table, the slot auction, the cost fit."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine_adapter.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
+from engine_adapter.engine_config import validate_k_table
+from engine_adapter.k_policy import (
+    SlotEstimator,
+    auction,
+    derive_auto_table,
+    expected_tokens,
+    rows_from_ks,
+    survival,
+)
+
+# A CPU-like machine: flat until 4 tokens, then compute-bound (25 ms per extra
+# token, i.e. proportional to tokens); no drafter cost.
+CPU = CostModel(base_s=0.100, slope_s=0.025, knee_tokens=4)
+# A GPU-like machine: flat until 256 tokens.
+GPU = CostModel(base_s=0.010, slope_s=0.0001, knee_tokens=256)
+
+
+@pytest.mark.parametrize(
+    "alphas, k, expected",
+    [
+        ([0.8, 0.8, 0.8], 0, 1.0),
+        ([0.8, 0.8, 0.8], 1, 1.8),
+        ([0.8, 0.8, 0.8], 3, 1 + 0.8 + 0.64 + 0.512),
+        ([1.0, 1.0], 2, 3.0),
+        ([0.0, 1.0], 2, 1.0),  # nothing survives a certain rejection at position 1
+        ([0.5, 0.9, 0.2], 3, 1 + 0.5 + 0.45 + 0.09),
+    ],
+)
+def test_expected_tokens(alphas, k, expected):
+    assert expected_tokens(alphas, k) == pytest.approx(expected)
+
+
+def test_survival_is_a_running_product_clamped():
+    assert survival([0.9, 0.5, 1.5, -1]) == pytest.approx([0.9, 0.45, 0.45, 0.0])
+
+
+@pytest.mark.parametrize(
+    "ks, rows",
+    [
+        ([3, 3, 1, 1, 0], [(1, 2, 3), (3, 4, 1), (5, 5, 0)]),
+        ([2], [(1, 1, 2)]),
+        ([0, 0, 0], [(1, 3, 0)]),
+        ([1, 2, 1], [(1, 1, 1), (2, 2, 2), (3, 3, 1)]),
+    ],
+)
+def test_rows_from_ks(ks, rows):
+    assert rows_from_ks(ks) == rows
+    assert validate_k_table([list(r) for r in rows]) == rows  # always valid for vLLM
+
+
+def brute_force_best_k(cost, alphas, b, k_max):
+    return max(range(k_max + 1), key=lambda k: (expected_tokens(alphas, k) / cost.step_s(b, k), -k))
+
+
+@pytest.mark.parametrize(
+    "cost, alphas, k_max, max_batch, expect",
+    [
+        # CPU knee at 4 tokens, alpha 0.8: b=1 can verify 4 tokens flat -> K=3;
+        # b=2 -> 2 tokens each -> K=1; b>=4 at the knee -> K=0.
+        (CPU, [0.8] * 5, 5, 8, {1: 3, 2: 1, 4: 0, 8: 0}),
+        # GPU: flat to 256 tokens; every batch here drafts the most it may.
+        (GPU, [0.8] * 5, 5, 32, {1: 5, 16: 5, 32: 5}),
+        # worthless drafts never pay, even when free
+        (GPU, [0.0] * 5, 5, 4, {1: 0, 4: 0}),
+        # a drafter that costs 60 ms per position per step: K=1 at b=1, not 3
+        (CostModel(0.1, 0.025, 4, draft_s=0.06), [0.8] * 5, 5, 1, {1: 1}),
+    ],
+)
+def test_auto_table_finds_the_known_optimum(cost, alphas, k_max, max_batch, expect):
+    auto = derive_auto_table(cost, alphas, k_max, max_batch)
+    for b, k in expect.items():
+        assert auto.k_by_batch[b - 1] == k, (b, auto.k_by_batch)
+    for b in range(1, max_batch + 1):
+        assert auto.k_by_batch[b - 1] == brute_force_best_k(cost, auto.alphas, b, k_max)
+        assert max(auto.rate[b - 1]) == pytest.approx(auto.rate[b - 1][auto.k_by_batch[b - 1]])
+    assert validate_k_table([list(r) for r in auto.rows]) == auto.rows
+
+
+def test_auto_table_hand_computed_cpu_case():
+    # b=1, alpha 0.8, CPU: K=3 -> 4 tokens (flat): 2.952/0.100 = 29.5 tok/s;
+    # K=4 -> 5 tokens: 3.3616/0.125 = 26.9: K=3 wins at b=1.
+    # b=2: K=1 -> 4 tokens: 1.8/0.1 = 18 beats K=0 (10) and K=2 (2.44/0.15 = 16.3).
+    auto = derive_auto_table(CPU, [0.8] * 5, 5, 2)
+    assert auto.rate[0][3] == pytest.approx(2.952 / 0.100)
+    assert auto.rate[0][4] == pytest.approx(3.3616 / 0.125)
+    assert auto.rate[1][2] == pytest.approx(2.44 / 0.15)
+    assert auto.k_by_batch == [3, 1]
+    assert auto.rows == [(1, 1, 3), (2, 2, 1)]
+
+
+@pytest.mark.parametrize(
+    "case, scores, cost, batch, admitted",
+    [
+        # a confident request's deep position outranks a doubtful request's first
+        ("deep beats doubtful", {"sure": [0.95, 0.92, 0.90, 0.88], "doubt": [0.20, 0.05, 0.01, 0.0]},
+         CostModel(0.1, 0.1, 6), None, {"sure": 4, "doubt": 0}),
+        # free verification (GPU-like): everything positive is admitted
+        ("free slots", {"a": [0.9, 0.5], "b": [0.1, 0.01]}, GPU, None, {"a": 2, "b": 2}),
+        # expensive slots: nothing is worth verifying
+        ("no budget", {"a": [0.5, 0.25], "b": [0.4]}, CostModel(0.1, 1.0, 0), None, {"a": 0, "b": 0}),
+        # non-monotone scores are treated as their running minimum: prefix only
+        ("prefix only", {"a": [0.3, 0.99]}, CostModel(0.1, 0.1, 2), None, {"a": 1}),
+        # more requests in the step than scored (prefills): the knee is used up by them
+        ("others fill the knee", {"a": [0.9, 0.8]}, CostModel(0.1, 0.1, 4), 4, {"a": 0}),
+    ],
+)
+def test_auction_admission(case, scores, cost, batch, admitted):
+    res = auction(scores, cost, batch_size=batch)
+    assert res.admitted == admitted, case
+    assert res.slots == sum(admitted.values())
+    assert res.rate_by_slots[res.slots] == pytest.approx(max(res.rate_by_slots))
+
+
+def test_auction_objective_is_expected_tokens_per_second():
+    cost = CostModel(0.1, 0.05, 3)
+    scores = {"x": [0.9, 0.8, 0.7], "y": [0.6, 0.3, 0.1]}
+    res = auction(scores, cost)
+    flat = sorted((s for ss in scores.values() for s in ss), reverse=True)
+    for n, rate in enumerate(res.rate_by_slots):
+        assert rate == pytest.approx((2 + sum(flat[:n])) / cost.verify_s(2 + n))
+
+
+def test_slot_estimator_shrinks_toward_pooled():
+    est = SlotEstimator(k_max=3, prior=0.5, strength=2.0)
+    for _ in range(8):
+        est.observe("good", num_drafted=3, accepted=3)
+        est.observe("bad", num_drafted=3, accepted=0)
+    # pooled position 1: reached 16, accepted 8 (+2 pseudo at 0.5) -> 9/18
+    assert est.pooled_alphas()[0] == pytest.approx(9 / 18)
+    good, bad = est.alphas("good"), est.alphas("bad")
+    assert good[0] == pytest.approx((8 + 2 * 0.5) / 10)
+    assert bad[0] == pytest.approx((0 + 2 * 0.5) / 10)
+    # "bad" never reached position 2: its estimate is the pooled one
+    assert bad[1] == pytest.approx(est.pooled_alphas()[1])
+    assert est.scores("good", 3)[2] < est.scores("good", 3)[1] <= est.scores("good", 3)[0]
+    est.forget("good")
+    assert est.alphas("good") == est.pooled_alphas()
+
+
+def make_points(model: CostModel, grid) -> list[CostPoint]:
+    return [CostPoint(b, k, b * (k + 1), model.step_s(b, k), 5) for b, k in grid]
+
+
+GRID = [(b, k) for b in (1, 2, 4, 8, 16) for k in (0, 1, 3, 5)]
+
+
+@pytest.mark.parametrize(
+    "truth, drafter",
+    [
+        (CostModel(0.08, 0.004, 4), False),  # CPU-like knee
+        (CostModel(0.012, 0.0002, 48), False),  # knee inside the grid, high
+        (CostModel(0.08, 0.004, 8, draft_s=0.02, draft_s_per_req=0.001), True),
+    ],
+)
+def test_fit_recovers_a_known_hinge(truth, drafter):
+    fit = fit_cost_model(make_points(truth, GRID), drafter_runs_model=drafter)
+    assert fit.rmse_s < 1e-6
+    for b, k in GRID:
+        assert fit.step_s(b, k) == pytest.approx(truth.step_s(b, k), rel=1e-4)
+    assert math.isclose(fit.knee_tokens, truth.knee_tokens)
+
+
+def test_points_from_steps_medians_and_skips_prefill():
+    obs = [(2, 1, 4, 0.10), (2, 1, 4, 0.12), (2, 1, 4, 0.50), (2, 1, 40, 0.9), (1, 0, 1, 0.05)]
+    pts = points_from_steps(obs, min_samples=1)
+    assert pts == [CostPoint(1, 0, 1, 0.05, 1), CostPoint(2, 1, 4, 0.12, 3)]
+
+
+def test_cost_model_round_trips():
+    fit = fit_cost_model(make_points(CPU, GRID))
+    assert CostModel.from_dict(fit.to_dict()) == fit
