@@ -23,7 +23,7 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -76,6 +76,8 @@ class EngineService:
         self._tasks: list[asyncio.Task] = []
         # (monotonic time, new concurrency) at every background-load change
         self.load_changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=200)
+        # called with each finished foreground request (the session recorder); must not block
+        self.on_result: list[Callable[[RequestResult], None]] = []
         # a speculation-off engine on the same target, started on first use
         self._reference: LiveEngine | None = None
         self._reference_lock = asyncio.Lock()
@@ -241,6 +243,9 @@ class EngineService:
                     return
                 if isinstance(item, Exception):
                     raise item
+                if isinstance(item, RequestResult) and not reference:
+                    for callback in self.on_result:
+                        callback(item)
                 yield item
         finally:
             fut.cancel()  # Stop button or closed page: abort the request in vLLM
