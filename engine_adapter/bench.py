@@ -26,23 +26,20 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.load import run_prompts
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.presets import load_presets
 
-PRESETS = Path(__file__).resolve().parent.parent / "prompts" / "presets.jsonl"
 
-
-def load_presets(categories: list[str] | None) -> list[str]:
-    rows = [json.loads(x) for x in PRESETS.read_text().splitlines() if x.strip()]
+def mixed_prompts(categories: list[str] | None) -> list[str]:
+    """The preset prompts of these categories (all when None), round-robin by category."""
     by_cat: dict[str, list[str]] = {}
-    for r in rows:
-        if categories is None or r["category"] in categories:
-            by_cat.setdefault(r["category"], []).append(r["prompt"])
+    for preset in load_presets(categories=categories):
+        by_cat.setdefault(preset.category, []).append(preset.prompt)
     # round-robin over categories so any prefix mixes the tasks
     out: list[str] = []
     for i in range(max(map(len, by_cat.values()))):
@@ -86,7 +83,7 @@ def _progress(p) -> None:
 
 
 async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
-    presets = load_presets(args.categories)
+    presets = mixed_prompts(args.categories)
     rows: list[dict[str, Any]] = []
     for method in args.methods:
         print(f"== {method}: starting engine", file=sys.stderr)
@@ -108,7 +105,7 @@ async def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 async def tap_overhead(args: argparse.Namespace) -> dict[str, Any]:
-    presets = load_presets(args.categories)
+    presets = mixed_prompts(args.categories)
     engines = {}
     for tap in (True, False):
         print(f"== draft engine, tap={'on' if tap else 'off'}", file=sys.stderr)

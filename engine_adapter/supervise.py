@@ -9,6 +9,8 @@ exited, crashed or was killed with SIGKILL) or we get SIGTERM/SIGINT, we end
 the whole process group: SIGTERM, then SIGKILL after a grace period. vLLM's
 API server spawns an engine-core and a worker process; all of them are in the
 group, so none is orphaned.
+
+``group_members(pgid)`` lists the live processes of a group (the tests use it too).
 """
 
 from __future__ import annotations
@@ -32,16 +34,17 @@ def _kill_group(grace_s: float = GRACE_S) -> None:
         return
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not _group_has_others(pgid):
+        if not [pid for pid in group_members(pgid) if pid != os.getpid()]:
             return
         time.sleep(0.1)
     os.killpg(pgid, signal.SIGKILL)
 
 
-def _group_has_others(pgid: int) -> bool:
-    me = os.getpid()
+def group_members(pgid: int) -> list[int]:
+    """PIDs of the live (not zombie) processes in process group ``pgid``, from /proc."""
+    members = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
+        if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as f:
@@ -50,8 +53,8 @@ def _group_has_others(pgid: int) -> bool:
             continue
         # fields[0] is the state, fields[2] the process group id
         if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+            members.append(int(entry))
+    return members
 
 
 def main(argv: list[str]) -> int:

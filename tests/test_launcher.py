@@ -17,6 +17,7 @@ import pytest
 from engine_adapter.engine import LiveEngine
 from engine_adapter.launcher import EngineProcess, EngineStartError
 from engine_adapter.provenance import kinds_for_step
+from engine_adapter.supervise import group_members
 from tests.conftest import tiny_config
 from tests.test_engine_tiny import PROMPTS, check_invariants, run
 
@@ -123,30 +124,16 @@ def test_engine_dies_with_a_killed_app(tiny, tmp_path):
         assert marker.exists()
         supervisor = int(marker.read_text())
         pgid = os.getpgid(supervisor)
-        assert len(_group_members(pgid)) >= 3  # supervisor, API server, engine core (+ worker)
+        assert len(group_members(pgid)) >= 3  # supervisor, API server, engine core (+ worker)
         app.send_signal(signal.SIGKILL)
         app.wait()
         deadline = time.monotonic() + 30
-        while _group_members(pgid) and time.monotonic() < deadline:
+        while group_members(pgid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert _group_members(pgid) == []
+        assert group_members(pgid) == []
     finally:
         if app.poll() is None:
             app.kill()
-
-
-def _group_members(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(entry))
-    return out
 
 
 async def test_attach_mode_against_a_separately_started_server(tiny, engines):
@@ -186,4 +173,4 @@ def test_a_kv_cache_larger_than_memory_is_explained(tiny):
     proc = EngineProcess(cfg, resolve=Path)
     with pytest.raises(EngineStartError, match="not enough free memory for the KV cache"):
         proc.start(timeout_s=300)
-    assert not proc.is_alive() and _group_members(proc.pid) == []
+    assert not proc.is_alive() and group_members(proc.pid) == []
