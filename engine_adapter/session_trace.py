@@ -1,0 +1,318 @@
+"""Session traces: a whole explorer session as JSONL, written and read back.
+
+Contract: a session trace extends the recorder's trace format (README, "Trace
+format"); one JSON object per line, every ``t`` in seconds since the session
+started (the moment the engine was first ready), floats rounded:
+
+- ``{"type": "run", "session": true, ...}``: first line; the engine config,
+  vLLM version, start date.
+- ``{"type": "engine_step", "t", ...}``: every field of ``records.EngineStep``,
+  one line per engine step (whole server: foreground and background requests).
+- ``{"type": "request", ...}``: a finished foreground request as
+  ``record.request_line`` makes it, plus ``t_start``, ``t_first_token``,
+  ``t_end``, and per step ``texts`` (each emitted token's text) and
+  ``rejected_texts`` (each rejected draft's text), so a replay needs no
+  tokenizer. Written when the request finished.
+- ``{"type": "load", "t", "concurrency"}``: a background-load change (one per
+  gesture; a later line with the same ``t`` corrects the value).
+- ``{"type": "background", "t", "target", "in_flight", "completed",
+  "failed", "tokens", "tokens_per_s"}``: the background load's counters, when
+  they change (at most about once a second).
+- ``{"type": "policy", "t", ...}``: a K policy change, the service's own dict.
+- ``{"type": "engine", "t", "config"}``: the engine was restarted with a new
+  config during the session.
+- ``{"type": "summary", "wall_s", "num_engine_steps", "num_requests",
+  "total_tokens"}``: last line (missing when the app was killed; the reader
+  copes).
+
+``SessionTraceWriter`` writes lines (thread-safe); ``read_session`` reads a
+file into ``SessionTrace``, rebuilding ``EngineStep`` and ``RequestResult``
+records. Pure: no engine, no UI toolkit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from engine_adapter.record import request_line
+from engine_adapter.records import EngineStep, RequestResult, Step, Token
+
+_ROUND = {"t": 4, "wall_s": 5, "interval_s": 5, "tap_s": 6}
+
+
+def _r(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else round(float(x), digits)
+
+
+def session_header(
+    config: dict[str, Any] | None,
+    vllm_version: str | None,
+    *,
+    attached: bool = False,
+    url: str | None = None,
+    started_at: str | None = None,
+) -> dict[str, Any]:
+    """The first line: the recorder's run header, for a live session."""
+    cfg = dict(config or {})
+    return {
+        "type": "run",
+        "session": True,
+        "method": "attach" if attached else cfg.get("method"),
+        "k": cfg.get("k"),
+        "k_table": cfg.get("k_table"),
+        "target": cfg.get("target"),
+        "draft": cfg.get("draft") if cfg.get("method") == "draft" else None,
+        "dtype": cfg.get("dtype"),
+        "attach": url if attached else None,
+        "provenance": "counts" if attached else "tap",
+        "vllm_version": vllm_version,
+        "started_at": started_at or time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": cfg,
+    }
+
+
+def _jsonable(v: Any) -> Any:
+    if is_dataclass(v) and not isinstance(v, type):
+        return {f.name: _jsonable(getattr(v, f.name)) for f in fields(v)}
+    if isinstance(v, (tuple, list)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float):
+        return round(v, 6)
+    return v
+
+
+def engine_step_line(step: EngineStep, t0: float) -> dict[str, Any]:
+    """Every field of the step (``t`` relative to ``t0``); fields at their default are left out."""
+    d: dict[str, Any] = {"type": "engine_step"}
+    for f in fields(EngineStep):
+        v = getattr(step, f.name)
+        if f.default is not MISSING and v == f.default:
+            continue
+        if f.name == "t":
+            v = step.t - t0
+        d[f.name] = _r(v, _ROUND[f.name]) if f.name in _ROUND else _jsonable(v)
+    return d
+
+
+def _slot_bid(b: Any) -> Any:
+    from engine_adapter import records
+
+    cls = getattr(records, "SlotBid", None)
+    if cls is None or not isinstance(b, dict):
+        return b
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in b.items()})
+
+
+def engine_step_from_line(d: dict[str, Any]) -> EngineStep:
+    kw: dict[str, Any] = {}
+    for f in fields(EngineStep):
+        if f.name not in d:
+            continue
+        v = d[f.name]
+        if isinstance(v, list):
+            v = tuple(_slot_bid(x) if f.name == "bids" else x for x in v)
+        kw[f.name] = v
+    return EngineStep(**kw)
+
+
+def session_request_line(result: RequestResult, t0: float) -> dict[str, Any]:
+    """``record.request_line`` plus session times and token texts."""
+    d = request_line(result)
+    for s, out in zip(result.steps, d["steps"]):
+        out["t"] = _r(s.t - t0)
+        out["wall_s"] = _r(s.wall_s, 5)
+        out["texts"] = [tok.text for tok in s.tokens]
+        out["rejected_texts"] = [tok.text for tok in s.rejected]
+    d["tokens_per_second"] = _r(d["tokens_per_second"], 3)
+    d["ttft_s"] = _r(d["ttft_s"])
+    d["wall_s"] = _r(d["wall_s"])
+    d["t_start"] = _r(result.t_start - t0)
+    d["t_first_token"] = _r(result.t_first_token - t0) if result.t_first_token is not None else None
+    d["t_end"] = _r(result.t_end - t0)
+    return d
+
+
+def request_from_line(d: dict[str, Any]) -> RequestResult:
+    """A ``RequestResult`` from a request line (session or recorder trace).
+
+    Token texts come from the step's ``texts``; a recorder trace has none, so
+    its tokens show as ``⟨id⟩`` (the whole ``text`` is still exact).
+    """
+    from engine_adapter.provenance import kinds_for_step
+
+    steps: list[Step] = []
+    for index, s in enumerate(d.get("steps", [])):
+        drafted = s.get("drafted")
+        num_drafted = s.get("num_drafted", len(drafted) if drafted is not None else 0)
+        emitted = list(s.get("emitted", []))
+        kinds = kinds_for_step(index, num_drafted, s["accepted"], len(emitted))
+        texts = s.get("texts") or [f"⟨{i}⟩" for i in emitted]
+        k, bs = s.get("k", 0), s.get("batch_size", 0)
+        tokens = [
+            Token(id=tid, text=text, kind=kind, step=index,
+                  draft_pos=(j + 1) if kind == "accepted" else None, k=k, batch_size=bs,
+                  draft_id=drafted[j] if drafted is not None and j < len(drafted) else None)
+            for j, (tid, kind, text) in enumerate(zip(emitted, kinds, texts))
+        ]
+        rejected_ids = (drafted or [])[s["accepted"]:]
+        rtexts = s.get("rejected_texts") or [f"⟨{i}⟩" for i in rejected_ids]
+        rejected = [
+            Token(id=did, text=text, kind="rejected", step=index, draft_pos=s["accepted"] + j + 1,
+                  k=k, batch_size=bs, draft_id=did)
+            for j, (did, text) in enumerate(zip(rejected_ids, rtexts))
+        ]
+        steps.append(Step(index=index, t=s.get("t", 0.0), wall_s=s.get("wall_s", 0.0), batch_size=bs, k=k,
+                          drafted=list(drafted) if drafted is not None else None, num_drafted=num_drafted,
+                          accepted=s["accepted"], emitted=emitted, tokens=tokens, rejected=rejected))
+    if steps:
+        steps[-1].finish_reason = d.get("finish_reason")
+    wall = d.get("wall_s") or 0.0
+    t_start = d.get("t_start", steps[0].t - (d.get("ttft_s") or 0.0) if steps else 0.0)
+    t_end = d.get("t_end", t_start + wall)
+    ttft = d.get("ttft_s")
+    return RequestResult(
+        request_id=d.get("request_id", ""),
+        prompt=d.get("prompt", ""),
+        text=d.get("text", ""),
+        token_ids=list(d.get("token_ids", [])),
+        kinds=list(d.get("kinds", [])),
+        steps=steps,
+        provenance=d.get("provenance", "tap"),
+        spec_decode_metrics=d.get("spec_decode_metrics"),
+        tap_metrics=None,
+        finish_reason=d.get("finish_reason"),
+        num_prompt_tokens=d.get("num_prompt_tokens", 0),
+        t_start=t_start,
+        t_first_token=d.get("t_first_token", t_start + ttft if ttft is not None else None),
+        t_end=t_end,
+    )
+
+
+def load_line(t: float, concurrency: int) -> dict[str, Any]:
+    return {"type": "load", "t": _r(t), "concurrency": int(concurrency)}
+
+
+def background_line(t: float, target: int, in_flight: int, completed: int, failed: int, tokens: int,
+                    tokens_per_s: float) -> dict[str, Any]:
+    return {"type": "background", "t": _r(t), "target": target, "in_flight": in_flight,
+            "completed": completed, "failed": failed, "tokens": tokens, "tokens_per_s": _r(tokens_per_s, 2)}
+
+
+def policy_line(t: float, change: dict[str, Any]) -> dict[str, Any]:
+    return {**{k: v for k, v in change.items() if k not in ("type", "t")}, "type": "policy", "t": _r(t)}
+
+
+def engine_line(t: float, config: dict[str, Any] | None) -> dict[str, Any]:
+    return {"type": "engine", "t": _r(t), "config": config}
+
+
+class SessionTraceWriter:
+    """Appends lines to a session trace; safe to call from several threads."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f: TextIO | None = self.path.open("w", encoding="utf-8")
+        self._lock = threading.Lock()
+        self.lines = 0
+
+    def write(self, obj: dict[str, Any]) -> None:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
+        with self._lock:
+            if self._f is None:
+                raise ValueError(f"{self.path}: the trace is closed")
+            self._f.write(text)
+            self.lines += 1
+
+    def write_all(self, objs: Iterable[dict[str, Any]]) -> None:
+        for obj in objs:
+            self.write(obj)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._f is not None:
+                self._f.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._f is not None:
+                self._f.close()
+                self._f = None
+
+
+@dataclass
+class SessionTrace:
+    """A session trace read back; every ``t`` in seconds since the session start."""
+
+    header: dict[str, Any]
+    steps: list[EngineStep] = field(default_factory=list)  # sorted by t
+    requests: list[RequestResult] = field(default_factory=list)  # sorted by t_start
+    request_lines: list[dict[str, Any]] = field(default_factory=list)  # same order, as written
+    loads: list[tuple[float, int]] = field(default_factory=list)  # sorted by t, one per t
+    backgrounds: list[dict[str, Any]] = field(default_factory=list)
+    policies: list[dict[str, Any]] = field(default_factory=list)
+    engines: list[dict[str, Any]] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+
+    @property
+    def duration_s(self) -> float:
+        """The session's length: the summary's wall time, else the last event."""
+        ends = [s.t for s in self.steps[-1:]] + [r.t_end for r in self.requests] + [t for t, _ in self.loads]
+        ends += [b["t"] for b in self.backgrounds[-1:]] + [p["t"] for p in self.policies[-1:]]
+        last = max(ends, default=0.0)
+        if self.summary and self.summary.get("wall_s"):
+            return max(float(self.summary["wall_s"]), last)
+        return last
+
+
+def read_session(path: str | Path) -> SessionTrace:
+    """Read a session trace (or a recorder trace: its requests, no timeline)."""
+    path = Path(path)
+    trace: SessionTrace | None = None
+    loads: dict[float, int] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            if n > 1 and not line.endswith("}"):
+                break  # a last line cut off by a killed app
+            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
+        kind = d.get("type") if isinstance(d, dict) else None
+        if trace is None:
+            if kind != "run":
+                raise ValueError(f'{path}:{n}: a trace starts with a {{"type": "run"}} line')
+            trace = SessionTrace(header=d)
+        elif kind == "engine_step":
+            trace.steps.append(engine_step_from_line(d))
+        elif kind == "request":
+            trace.request_lines.append(d)
+            trace.requests.append(request_from_line(d))
+        elif kind == "load":
+            loads[float(d["t"])] = int(d["concurrency"])
+        elif kind == "background":
+            trace.backgrounds.append(d)
+        elif kind == "policy":
+            trace.policies.append(d)
+        elif kind == "engine":
+            trace.engines.append(d)
+        elif kind == "summary":
+            trace.summary = d
+    if trace is None:
+        raise ValueError(f"{path}: empty trace")
+    trace.steps.sort(key=lambda s: s.t)
+    order = sorted(range(len(trace.requests)), key=lambda i: trace.requests[i].t_start)
+    trace.requests = [trace.requests[i] for i in order]
+    trace.request_lines = [trace.request_lines[i] for i in order]
+    trace.loads = sorted(loads.items())
+    trace.backgrounds.sort(key=lambda b: b["t"])
+    trace.policies.sort(key=lambda p: p["t"])
+    trace.engines.sort(key=lambda e: e["t"])
+    return trace
