@@ -1,7 +1,8 @@
 """Speculative decoding explorer: wires the engine service to the UI and launches.
 
     python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3] [--k-table JSON]
-                  [--target SPEC] [--draft SPEC] [--attach URL]
+                  [--target SPEC] [--draft SPEC] [--attach URL] [--record FILE]
+    python app.py --replay TRACE.jsonl [--replay-speed X]      # a recorded session, no engine
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=int, default=2)
     p.add_argument("--attach", default=None, help="use a running vLLM server at this URL")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory for --attach")
+    p.add_argument("--record", default=None, metavar="FILE",
+                   help="record the session (engine steps, foreground requests, load, policy changes) to FILE")
+    p.add_argument("--replay", default=None, metavar="TRACE",
+                   help="replay a recorded session trace in the same UI, with no engine at all")
+    p.add_argument("--replay-speed", type=float, default=1.0, help="replay this many times faster (default 1)")
     return p.parse_args(argv)
 
 
@@ -47,11 +53,27 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         sys.exit(f"error: {e}")
     presets = load_presets()
-    service = EngineService(background_prompts=[p.prompt for p in presets])
-    if args.attach:
-        service.attach(args.attach, args.tokenizer, args.k)
+    if args.replay and args.record:
+        sys.exit("error: --record and --replay do not go together")
+    if args.replay:  # a recorded session plays in place of the engine (engine_adapter/replay.py)
+        from engine_adapter.replay import ReplayService
+
+        try:
+            service = ReplayService(args.replay, speed=args.replay_speed)
+        except (OSError, ValueError) as e:
+            sys.exit(f"error: cannot replay {args.replay}: {e}")
+        config = service.status().config or config
     else:
-        service.start(config)
+        service = EngineService(background_prompts=[p.prompt for p in presets])
+        if args.attach:
+            service.attach(args.attach, args.tokenizer, args.k)
+        else:
+            service.start(config)
+    recorder = None
+    if args.record:  # follows the service; written on exit too (engine_adapter/session_recorder.py)
+        from engine_adapter.session_recorder import SessionRecorder
+
+        recorder = SessionRecorder(service, args.record).start()
     # SIGTERM (a Space stopping, `kill`) exits through the same clean-up as Ctrl-C;
     # SIGINT is re-armed because a shell starts background jobs with it ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -60,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)
     finally:
+        if recorder is not None:
+            recorder.close()
         service.close()
 
 

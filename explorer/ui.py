@@ -18,9 +18,11 @@ from engine_adapter.engine_config import EngineConfig, available_methods
 from engine_adapter.record import request_line
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.service import EngineService
+from explorer.chart_export import add_csv_export
 from explorer.live_charts import bin_prom, bin_steps, foreground_rate, live_figure
 from explorer.lossless import compare
 from explorer.presets import Preset, preset_choices
+from explorer.replay_panel import add_replay_panel, replay_status_markdown
 from explorer.request_card import card_markdown, histogram_figure, position_figure
 from explorer.token_view import TokenView, token_view_value
 
@@ -40,6 +42,9 @@ class UiDefaults:
 
 
 def status_markdown(service: EngineService) -> str:
+    # --- replay (app.py --replay): a recorded session, no engine; see explorer/replay_panel.py
+    if getattr(service, "replay_info", None) is not None:
+        return replay_status_markdown(service.replay_info)
     st = service.status()
     cfg = st.config
     what = "attached server" if st.attached else (
@@ -73,6 +78,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                 with gr.Row():
                     run_btn = gr.Button("Run", variant="primary", elem_id="run")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                add_replay_panel(service, prompt)  # replay only: what Run does, the recorded requests
                 with gr.Accordion("Generation", open=True):
                     temperature = gr.Slider(0.0, 1.5, value=defaults.temperature, step=0.05, label="Temperature")
                     max_tokens = gr.Slider(8, 1024, value=defaults.max_tokens, step=8, label="Max tokens")
@@ -101,6 +107,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                     trace = gr.JSON(elem_id="trace", show_label=False)
         gr.Markdown("## Live engine (whole server, last 3 minutes)")
         live = gr.Plot(live_figure(bin_steps([], 0.0)), show_label=False, elem_id="live-charts")
+        add_csv_export(service)  # the chart's data as CSV (live and replay)
         with gr.Accordion("Why does this happen?", open=False):
             gr.Markdown(EXPLAIN)
         last = gr.State(None)  # this page's last RequestResult
@@ -117,6 +124,9 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
 
         async def run(text: str, temp: float, n_tokens: int):
             text = text or ""
+            # --- replay: Run plays the recorded request for this prompt, or the next one
+            if getattr(service, "replay_info", None) is not None:
+                text = service.replay_prompt(text)
             if not text.strip():
                 yield refuse("Type a prompt (or pick a preset) first.")
                 return
