@@ -32,6 +32,7 @@ import httpx
 import zmq
 from transformers import PreTrainedTokenizerBase
 
+from engine_adapter.cost_model import CostModel
 from engine_adapter.engine_config import KTable, validate_k_table
 
 from engine_adapter.provenance import kinds_for_step, metrics_from_steps, steps_from_counts
@@ -142,6 +143,14 @@ class EngineClient:
     async def set_k(self, k: int) -> KTable:
         """Fixed K for every batch size (0 = no drafts), live."""
         return await self.set_k_table([[1, 1 << 20, int(k)]])
+
+    async def set_auction(self, cost: CostModel, prior: float = 0.5, strength: float = 2.0) -> None:
+        """The slot auction under ``cost``: drafts of K = k_max, trimmed per request, live."""
+        if self._control is None:
+            raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
+        msg = {"auction": {"cost": cost.to_dict() | {"points": []}, "prior": prior, "strength": strength}}
+        await self._control.send(encode_control(msg))
+        self.controls_sent += 1
 
     async def close(self) -> None:
         if self._control is not None:

@@ -144,6 +144,15 @@ class RequestResult:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotBid:
+    """One request's draft slots in a slot-auction step."""
+
+    request_id: str  # ours (the client's), not the engine's
+    scores: tuple[float, ...]  # survival probability of draft positions 1..L
+    admitted: int  # positions admitted for verification (a prefix), 0..L
+
+
+@dataclass(frozen=True, slots=True)
 class EngineStep:
     """One engine step as seen server-wide (all requests), for live charts."""
 
@@ -164,3 +173,7 @@ class EngineStep:
     num_drafting: int  # requests that verified at least one draft this step
     tap_s: float
     controls: int = 0  # control-channel commands the engine had applied by this step
+    # the slot auction's decision, when that policy ran the step: slots admitted
+    # in all, and every drafting request's scores (empty otherwise)
+    auction_slots: int | None = None
+    bids: tuple[SlotBid, ...] = ()

@@ -25,12 +25,15 @@ from __future__ import annotations
 
 import os
 import time
+import traceback
 
 import zmq
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
+from engine_adapter.cost_model import CostModel
+from engine_adapter.k_policy import SlotEstimator, auction
 from engine_adapter.tap_wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV, decode_control, encode_step
 
 
@@ -50,6 +53,8 @@ class _StepPublisher:
         # id(scheduler_output) -> perf_counter at schedule() start; async
         # scheduling keeps up to two steps in flight.
         self.started: dict[int, float] = {}
+        # id(scheduler_output) -> the slot auction's decision for that step
+        self.auctions: dict[int, list] = {}
 
     def publish(self, payload: bytes) -> None:
         try:
@@ -71,6 +76,10 @@ class _TapMixin:
         control = os.environ.get(CONTROL_ADDR_ENV)
         self._control = None
         self._controls_applied = 0
+        # the slot auction (a live policy): per-request acceptance, kept always
+        # so switching the auction on starts from what the engine has seen
+        self._estimator = SlotEstimator(k_max=max(self.num_spec_tokens, 1))
+        self._auction_cost: CostModel | None = None
         if control and self.dynamic_sd_lookup is not None:
             # Live K policies rewrite vLLM's own dense batch-size -> K lookup,
             # which exists only when the engine started with a K table.
@@ -84,24 +93,65 @@ class _TapMixin:
                 msg = decode_control(self._control.recv(zmq.NOBLOCK))
             except zmq.Again:
                 return
-            if "table" in msg:
-                try:  # vLLM's own builder: its rules, K capped at num_speculative_tokens
-                    self.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(
-                        [tuple(r) for r in msg["table"]],
-                        vllm_max_batch_size=self.scheduler_config.max_num_seqs,
-                        vllm_num_speculative_tokens=self.num_spec_tokens,
-                    )
-                except (ValueError, TypeError):
-                    pass  # the adapter validates first; a bad table must never stop the engine
+            try:
+                if "table" in msg:
+                    self._set_table([tuple(r) for r in msg["table"]])
+                    self._auction_cost = None
+                elif "auction" in msg:
+                    a = msg["auction"]
+                    cost = CostModel.from_dict(a["cost"])
+                    # the drafter proposes k_max; the auction trims per request
+                    self._set_table([(1, self.scheduler_config.max_num_seqs, self.num_spec_tokens)])
+                    self._estimator.prior = float(a.get("prior", self._estimator.prior))
+                    self._estimator.strength = float(a.get("strength", self._estimator.strength))
+                    self._auction_cost = cost
+            except (ValueError, TypeError, KeyError):
+                pass  # the adapter validates first; a bad command must never stop the engine
             self._controls_applied += 1
 
+    def _set_table(self, rows: list[tuple[int, int, int]]) -> None:
+        # vLLM's own builder: its rules, K capped at num_speculative_tokens
+        self.dynamic_sd_lookup = build_dynamic_sd_schedule_lookup(
+            rows,
+            vllm_max_batch_size=self.scheduler_config.max_num_seqs,
+            vllm_num_speculative_tokens=self.num_spec_tokens,
+        )
+
+    def _run_auction(self) -> list | None:
+        """Trim each running request's drafts to its admitted slots (before vLLM schedules).
+
+        In sync mode ``spec_token_ids`` are the real drafts; in async mode they
+        are placeholders whose count is what gets verified (vLLM trims the
+        worker's drafts to it), so trimming the list trims verification alike.
+        """
+        cost = self._auction_cost
+        drafting = [r for r in self.running if r.spec_token_ids]
+        if cost is None or not drafting:
+            return None
+        est = self._estimator
+        scores = {r.request_id: est.scores(r.request_id, len(r.spec_token_ids)) for r in drafting}
+        k_drafted = max(len(r.spec_token_ids) for r in drafting)
+        res = auction(scores, cost, batch_size=len(self.running), k_drafted=k_drafted)
+        for r in drafting:
+            n = res.admitted[r.request_id]
+            if n < len(r.spec_token_ids):
+                r.spec_token_ids = list(r.spec_token_ids[:n])
+        return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()]]
+
     def schedule(self, *args, **kwargs):
+        decision = None
         if self._control is not None:
             self._apply_control()
+            try:
+                decision = self._run_auction()
+            except Exception:  # never stop the engine: the step runs with vLLM's drafts
+                decision = None
         t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
         if self._tap is not None:
             self._tap.started[id(out)] = t0
+            if decision is not None:
+                self._tap.auctions[id(out)] = decision
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -121,12 +171,15 @@ class _TapMixin:
             self._publish(scheduler_output, num_sampled, t_pre, pre_s, result)
         except Exception:  # an observer must never stop the engine; the gap shows as lost steps
             tap.dropped += 1
+            if tap.dropped == 1:  # say why once, in vLLM's log
+                traceback.print_exc()
         return result
 
     def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result) -> None:
         tap = self._tap
         t_in = time.perf_counter()
         start = tap.started.pop(id(scheduler_output), t_pre)
+        decision = tap.auctions.pop(id(scheduler_output), None)
         num_scheduled = scheduler_output.num_scheduled_tokens
         if not num_scheduled:
             return  # an empty step: nothing ran
@@ -150,10 +203,17 @@ class _TapMixin:
             # sampled - 1, counted only when drafts were verified and sampled.
             accepted = max(n_sampled - 1, 0) if (drafted and n_sampled) else 0
             ids, reason = emitted.get(req_id, ([], None))
+            if drafted:
+                self._estimator.observe(req_id, len(drafted), accepted)
+            if reason is not None:
+                self._estimator.forget(req_id)
             request = self.requests.get(req_id)
             n_prompt = request.num_prompt_tokens if request is not None else 0
             reqs.append([req_id, list(drafted), accepted, ids, reason, n_prompt])
 
+        if tap.seq % 256 == 0:  # requests aborted by their client never report a finish
+            for rid in [r for r in self._estimator.per_request if r not in self.requests]:
+                self._estimator.forget(rid)
         now = time.monotonic()
         tap.seq += 1
         payload = encode_step(
@@ -168,6 +228,7 @@ class _TapMixin:
             tap.dropped,
             reqs,
             self._controls_applied,
+            decision,
         )
         tap.publish(payload)
         tap.last_end = now

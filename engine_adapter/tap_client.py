@@ -19,7 +19,7 @@ import contextlib
 import zmq
 import zmq.asyncio
 
-from engine_adapter.records import EngineStep
+from engine_adapter.records import EngineStep, SlotBid
 from engine_adapter.tap_wire import TapRequestStep, TapStep, decode_step
 
 
@@ -64,6 +64,11 @@ def summarize(step: TapStep) -> EngineStep:
         num_drafting=sum(1 for r in step.reqs if r.drafted),
         tap_s=step.tap_s,
         controls=step.controls,
+        auction_slots=step.auction[0] if step.auction else None,
+        bids=tuple(
+            SlotBid(our_request_id(rid), tuple(scores), admitted)
+            for rid, scores, admitted in (step.auction[1] if step.auction else ())
+        ),
     )
 
 

@@ -6,7 +6,7 @@ only this module for the format, so it holds no vLLM and no UI imports.
 
 A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 
-    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls]
+    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction]
 
 - seq:         engine step counter (int, starts at 1, counts steps with work)
 - t:           time.monotonic() at the end of the step, seconds (CLOCK_MONOTONIC
@@ -23,6 +23,8 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
                finish_reason_or_None, num_prompt_tokens]
 - controls:    control messages applied so far (an acknowledgement: the step
                that first carries n was scheduled under the n-th command)
+- auction:     None, or the slot auction's decision for this step:
+               [slots_admitted, [[engine_request_id, [survival per position], admitted], ...]]
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import msgspec
 TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 # The control channel, adapter -> tap: msgpack dicts, e.g.
 #   {"table": [[start_bs, end_bs, K], ...]}   replace the batch-size -> K table live
+#   {"auction": {"cost": CostModel.to_dict(), "prior": p, "strength": m}}
+#                                             the slot auction (K = k_max, trimmed per request)
 CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"
 
 
@@ -60,6 +64,7 @@ class TapStep:
     dropped: int
     reqs: list[TapRequestStep]
     controls: int = 0
+    auction: list | None = None
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -78,15 +83,16 @@ def encode_step(
     dropped: int,
     reqs: list[list],
     controls: int = 0,
+    auction: list | None = None,
 ) -> bytes:
     return _encoder.encode(
-        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls]
+        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction]
     )
 
 
 def decode_step(payload: bytes) -> TapStep:
-    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls = _decoder.decode(
-        payload
+    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction = (
+        _decoder.decode(payload)
     )
     return TapStep(
         seq=seq,
@@ -100,6 +106,7 @@ def decode_step(payload: bytes) -> TapStep:
         dropped=dropped,
         reqs=[TapRequestStep(*r) for r in reqs],
         controls=controls,
+        auction=auction,
     )
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from engine_adapter.cost_model import CostModel
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import k_for_batch_size
 from engine_adapter.load import BackgroundLoad
@@ -92,3 +93,74 @@ async def test_output_stays_lossless_while_k_changes(live_engine, engines):
         r = await run(live_engine, PROMPTS[1], max_tokens=48)
         check_invariants(r)
         assert r.token_ids == reference.token_ids, k
+
+
+def auction_steps(steps):
+    return [s for s in steps if s.auction_slots is not None]
+
+
+@pytest.mark.parametrize("cost, expect", [
+    (CostModel(0.1, 0.0, 0), "all"),  # free verification: every slot admitted
+    # purely compute-bound (cost proportional to tokens): a draft pays only if certain
+    (CostModel(0.0, 10.0, 0), "none"),
+], ids=["free", "proportional"])
+async def test_the_auction_trims_drafts_before_verification(live_engine, cost, expect):
+    load = BackgroundLoad(live_engine.client, PROMPTS, max_tokens=200, max_seconds=120)
+    load.set_concurrency(2)
+    try:
+        await live_engine.client.set_auction(cost)
+        n = live_engine.client.controls_sent
+        q = live_engine.client.tap.watch()
+        steps = []
+        async with asyncio.timeout(60):
+            while len(auction_steps([s for s in steps if s.controls >= n])) < 10:
+                steps.append(await q.get())
+        live_engine.client.tap.unwatch(q)
+    finally:
+        await load.stop()
+    decided = auction_steps([s for s in steps if s.controls >= n])[2:]  # past the switch's placeholder lag
+    seen = [(s.seq, s.batch_size, s.num_drafted, s.auction_slots) for s in decided]
+    for s in decided:
+        assert s.auction_slots == sum(b.admitted for b in s.bids), seen
+        assert s.num_drafted <= s.auction_slots, seen  # never more verified than admitted
+        assert all(0 <= b.admitted <= len(b.scores) <= 4 for b in s.bids)
+        assert all(list(b.scores) == sorted(b.scores, reverse=True) for b in s.bids)
+        if expect == "all":
+            assert all(b.admitted == len(b.scores) for b in s.bids), seen
+        else:
+            assert s.auction_slots == 0 and s.num_drafted == 0, seen
+
+
+async def test_the_auction_is_lossless(live_engine, engines):
+    plain = await engines.get("off")
+    reference = await run(plain, PROMPTS[2], max_tokens=48)
+    await live_engine.client.set_auction(CostModel(0.1, 0.02, 2))
+    r = await run(live_engine, PROMPTS[2], max_tokens=48)
+    check_invariants(r)
+    assert r.token_ids == reference.token_ids
+
+
+@pytest_asyncio.fixture(scope="module")
+async def live_ngram(tiny):
+    cfg = tiny_config(tiny, "ngram", k=3)
+    cfg.k_max = 4
+    engine = await LiveEngine.launch(cfg, resolve=Path)
+    yield engine
+    await engine.close()
+
+
+async def test_the_auction_runs_on_the_sync_ngram_drafter(live_ngram, engines):
+    """ngram runs vLLM's synchronous scheduler: the drafts are real ids when trimmed."""
+    plain = await engines.get("off")
+    prompt = "one two three four one two three four one two three four one two"
+    reference = await run(plain, prompt, max_tokens=40)
+    q = live_ngram.client.tap.watch()
+    await live_ngram.client.set_auction(CostModel(0.1, 0.0, 0))
+    r = await run(live_ngram, prompt, max_tokens=40)
+    live_ngram.client.tap.unwatch(q)
+    check_invariants(r)
+    assert r.token_ids == reference.token_ids
+    steps = []
+    while not q.empty():
+        steps.append(q.get_nowait())
+    assert auction_steps(steps), "no step ran under the auction"
