@@ -27,6 +27,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=3)
     p.add_argument("--k-table", default=None,
                    help="vLLM's num_speculative_tokens_per_batch_size as JSON, e.g. '[[1,2,3],[3,8,1],[9,64,0]]'")
+    p.add_argument("--k-max", type=int, default=5,
+                   help="live K policies (fixed K, table, auto, auction switch without a restart): vLLM runs with "
+                        "num_speculative_tokens = K-MAX and a K table; 0 = a plain fixed-K engine")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16")
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> None:
         config = EngineConfig(method=args.method, k=args.k, k_table=k_table, target=args.target,
                               draft=args.draft, dtype=args.dtype, max_model_len=args.max_model_len,
                               kv_cache_gib=args.kv_cache_gib)
+        if args.k_max > 0 and args.method != "off":
+            config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))
         config.validate()
     except ValueError as e:
         sys.exit(f"error: {e}")

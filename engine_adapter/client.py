@@ -210,8 +210,13 @@ class EngineClient:
         temperature: float = 0.0,
         seed: int | None = None,
         request_id: str | None = None,
+        ignore_eos: bool = False,
     ) -> AsyncIterator[Step | RequestResult]:
-        """Yield each Step as the engine runs it, then the RequestResult."""
+        """Yield each Step as the engine runs it, then the RequestResult.
+
+        ``ignore_eos`` (vLLM's sampling parameter) keeps a request going to
+        ``max_tokens``: profiling needs full batches, not early stops.
+        """
         rid = request_id or uuid.uuid4().hex
         body: dict[str, Any] = {
             "model": self.model,
@@ -225,6 +230,8 @@ class EngineClient:
         }
         if seed is not None:
             body["seed"] = seed
+        if ignore_eos:
+            body["ignore_eos"] = True
         state = _HttpState()
         wake: asyncio.Queue = self.tap.register(rid) if self.tap else asyncio.Queue()
         t_start = time.monotonic()

@@ -174,3 +174,19 @@ class SlotEstimator:
 
     def scores(self, request_id: str, k: int) -> list[float]:
         return survival(self.alphas(request_id)[:k])
+
+
+def alphas_from_counts(
+    accepted: Sequence[int], reached: Sequence[int], prior: float = 0.5, strength: float = 2.0
+) -> list[float]:
+    """Per-position acceptance from pooled counts, each shrunk toward the position before.
+
+    A position never tested (K was lower) inherits its predecessor's estimate
+    rather than a made-up number; position 1 shrinks toward ``prior``.
+    """
+    out: list[float] = []
+    prev = prior
+    for a, r in zip(accepted, reached):
+        prev = (a + strength * prev) / (r + strength)
+        out.append(prev)
+    return out

@@ -210,6 +210,34 @@ class ReplayService:
         b = self._background_at(self.position_s())
         return float(b["tokens_per_s"]) if b else 0.0
 
+    # --- K policies: recorded, never applied ------------------------------------
+    @property
+    def policy_changes(self) -> list[tuple[float, dict]]:
+        """The recorded K policy changes, in the same time frame as ``load_changes``."""
+        now = self._clock()
+        played = self.played_s(now)
+        out = []
+        for base, lo, hi in self._windows(played, HISTORY_S):
+            out += [(now - (played - (base + p["t"])), {k: v for k, v in p.items() if k not in ("type", "t")})
+                    for p in self.trace.policies if lo < p["t"] <= hi]
+        return out
+
+    def policy_view(self):
+        """What a policy panel shows: nothing can be applied to a recording."""
+        from engine_adapter.policy_desk import PolicyView  # the live-policy side, only when asked
+
+        cfg = self._config
+        k_max = (cfg.k_max or cfg.k) if cfg is not None else 0
+        return PolicyView(available=False, why_not="this is a replay of a recorded session, with no engine to "
+                          "apply a policy to (the recorded K is in the live charts)", state=None, cost=None,
+                          cost_source=None, profiling=None, error=None, applied_seq=None, k_max=k_max, alphas=[])
+
+    async def set_policy(self, spec: Any) -> None:
+        raise RuntimeError("this is a replay of a recorded session: K policies need a live engine (python app.py)")
+
+    async def profile_cost(self) -> None:
+        raise RuntimeError("this is a replay of a recorded session: profiling needs a live engine (python app.py)")
+
     # --- foreground requests ---------------------------------------------------
     def _find(self, prompt: str) -> int | None:
         reqs = self.trace.requests
@@ -229,7 +257,8 @@ class ReplayService:
         return self.trace.requests[self._cursor % len(self.trace.requests) if i is None else i].prompt
 
     async def stream(
-        self, prompt: str, *, max_tokens: int = 0, temperature: float = 0.0, reference: bool = False
+        self, prompt: str, *, max_tokens: int = 0, temperature: float = 0.0, reference: bool = False,
+        request_id: str | None = None,  # EngineService's; a replay keeps the recorded ids
     ) -> AsyncIterator[Step | RequestResult]:
         """Play a recorded foreground request (``max_tokens``/``temperature`` are the recorded ones)."""
         if reference:

@@ -34,6 +34,8 @@ from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.launcher import StartProgress
 from engine_adapter.load import BackgroundLoad, LoadStats
+from engine_adapter.policy_control import PolicySpec, PolicyState
+from engine_adapter.policy_desk import PolicyDesk, PolicyView
 from engine_adapter.prom import PromSnapshot, fetch_snapshot
 from engine_adapter.records import EngineStep, RequestResult, Step
 
@@ -59,6 +61,7 @@ class EngineService:
         max_background: int = 64,
         background_max_tokens: int = 128,
         history_s: float = 600.0,
+        policy_options: dict | None = None,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)
@@ -82,6 +85,8 @@ class EngineService:
         self._reference: LiveEngine | None = None
         self._reference_lock = asyncio.Lock()
         self._prom_task: asyncio.Task | None = None
+        # live K policies and the measured cost model (engines started with k_max)
+        self.policy_desk = PolicyDesk(self.steps_since, self._bg_prompts, **(policy_options or {}))
         self._submit(self._start_prom())
 
     # --- plumbing -----------------------------------------------------------
@@ -131,6 +136,7 @@ class EngineService:
             self._steps.clear()
             if engine.client.tap is not None:
                 self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
+            await self.policy_desk.engine_ready(engine, None if attach is not None else config)
             self._set(state="ready", url=engine.url, progress=StartProgress("ready", 1.0, "engine ready"))
             if n_bg:
                 self._ensure_bg().set_concurrency(n_bg)  # the load survives a restart
@@ -142,6 +148,7 @@ class EngineService:
         if reference and self._reference is not None:
             ref, self._reference = self._reference, None
             await ref.close()
+        await self.policy_desk.engine_gone()
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
@@ -199,6 +206,21 @@ class EngineService:
     def prom_history(self) -> list[PromSnapshot]:
         return list(self._prom)
 
+    # --- K policies ---------------------------------------------------------
+    @property
+    def policy_changes(self) -> collections.deque[tuple[float, dict]]:
+        return self.policy_desk.changes
+
+    async def set_policy(self, spec: PolicySpec) -> PolicyState | None:
+        """Apply a K policy to the running engine, live (None: queued behind profiling)."""
+        return await self._call(self.policy_desk.apply(spec))
+
+    async def profile_cost(self) -> None:
+        await self._call(self.policy_desk.profile())
+
+    def policy_view(self) -> PolicyView:
+        return self.policy_desk.view()
+
     # --- requests -----------------------------------------------------------
     async def _get_reference(self) -> LiveEngine:
         async with self._reference_lock:
@@ -210,7 +232,8 @@ class EngineService:
             return self._reference
 
     async def stream(
-        self, prompt: str, *, max_tokens: int, temperature: float, reference: bool = False
+        self, prompt: str, *, max_tokens: int, temperature: float, reference: bool = False,
+        request_id: str | None = None,
     ) -> AsyncIterator[Step | RequestResult]:
         """Foreground request; items cross from the service loop to the caller's.
 
@@ -228,7 +251,8 @@ class EngineService:
 
         async def produce() -> None:
             try:
-                async for item in engine.client.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+                async for item in engine.client.generate(prompt, max_tokens=max_tokens, temperature=temperature,
+                                                         request_id=request_id):
                     caller.call_soon_threadsafe(out.put_nowait, item)
             except Exception as e:
                 caller.call_soon_threadsafe(out.put_nowait, e)

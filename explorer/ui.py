@@ -9,6 +9,7 @@ every engine step of the foreground request.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from engine_adapter.service import EngineService
 from explorer.chart_export import add_csv_export
 from explorer.live_charts import bin_prom, bin_steps, foreground_rate, live_figure
 from explorer.lossless import compare
+from explorer.policy_panel import build_policy_panel
 from explorer.presets import Preset, preset_choices
 from explorer.replay_panel import add_replay_panel, replay_status_markdown
 from explorer.request_card import card_markdown, histogram_figure, position_figure
@@ -112,6 +114,8 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             gr.Markdown(EXPLAIN)
         last = gr.State(None)  # this page's last RequestResult
         fg_steps = gr.State([])  # (t, tokens) of this page's foreground steps
+        fg_id = gr.State(None)  # this page's current request id (to find it in the auction grid)
+        build_policy_panel(service, fg_id, defaults.config.k_max or defaults.config.k)
 
         def pick(label: str | None) -> str:
             return by_label[label].prompt if label in by_label else gr.skip()
@@ -120,7 +124,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
 
         def refuse(message: str):
             return token_view_value([], message=message, level="warn"), gr.skip(), gr.skip(), gr.skip(), \
-                gr.skip(), gr.skip(), gr.skip()
+                gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
         async def run(text: str, temp: float, n_tokens: int):
             text = text or ""
@@ -139,30 +143,34 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                 return
             steps: list[Step] = []
             times: list[tuple[float, int]] = []
+            rid = uuid.uuid4().hex
             try:
-                async for item in service.stream(text, max_tokens=int(n_tokens), temperature=float(temp)):
+                async for item in service.stream(text, max_tokens=int(n_tokens), temperature=float(temp),
+                                                 request_id=rid):
                     if isinstance(item, Step):
                         steps.append(item)
                         times.append((item.t, len(item.emitted)))
                         yield token_view_value(steps, streaming=True, prompt=text), card_markdown(None, steps), \
-                            gr.skip(), gr.skip(), gr.skip(), times, gr.skip()
+                            gr.skip(), gr.skip(), gr.skip(), times, gr.skip(), rid
                     elif isinstance(item, RequestResult):
                         yield token_view_value(item.steps, prompt=text, footer=f"{len(item.token_ids)} tokens, "
                                                f"{len(item.steps)} engine steps"), \
                             card_markdown(item), histogram_figure(item), position_figure(item), item, times, \
-                            request_line(item)
+                            request_line(item), item.request_id
             except Exception as e:  # the page says what went wrong, and keeps what streamed
                 yield token_view_value(steps, prompt=text, message=f"The request ended early: {e}",
                                        level="error"), \
-                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), times, gr.skip()
+                    gr.skip(), gr.skip(), gr.skip(), gr.skip(), times, gr.skip(), gr.skip()
 
-        run_outputs = [view, card, hist, pos, last, fg_steps, trace]
+        run_outputs = [view, card, hist, pos, last, fg_steps, trace, fg_id]
         run_event = run_btn.click(run, [prompt, temperature, max_tokens], run_outputs, api_name="run")
         prompt.submit(run, [prompt, temperature, max_tokens], run_outputs, api_name=False)
         stop_btn.click(None, None, None, cancels=[run_event])
 
         async def apply(m: str, k_value: float) -> str:
             cfg = replace(defaults.config, method=m, k=int(k_value))
+            if cfg.k_max is not None:  # live policies stay on, with room for the chosen K
+                cfg.k_max = max(cfg.k_max, cfg.k)
             try:
                 cfg.validate()
             except ValueError as e:

@@ -10,6 +10,7 @@ from engine_adapter.cost_model import CostModel, CostPoint, fit_cost_model, poin
 from engine_adapter.engine_config import validate_k_table
 from engine_adapter.k_policy import (
     SlotEstimator,
+    alphas_from_counts,
     auction,
     derive_auto_table,
     expected_tokens,
@@ -178,3 +179,16 @@ def test_points_from_steps_medians_and_skips_prefill():
 def test_cost_model_round_trips():
     fit = fit_cost_model(make_points(CPU, GRID))
     assert CostModel.from_dict(fit.to_dict()) == fit
+
+
+@pytest.mark.parametrize(
+    "accepted, reached, expected",
+    [
+        ([], [], []),
+        ([8, 6], [10, 8], [(8 + 1) / 12, (6 + 2 * 0.75) / 10]),
+        # positions 2 and 3 never tested: they inherit position 1's estimate
+        ([90, 0, 0], [100, 0, 0], [91 / 102] * 3),
+    ],
+)
+def test_alphas_from_counts(accepted, reached, expected):
+    assert alphas_from_counts(accepted, reached) == pytest.approx(expected)

@@ -1,0 +1,78 @@
+"""The K-under-load panel's pure parts: editor cells, the row in force, the figures."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from engine_adapter.cost_model import CostModel, CostPoint
+from engine_adapter.k_policy import derive_auto_table
+from engine_adapter.records import EngineStep, SlotBid
+from explorer.policy_charts import auction_figure, auto_figure, step_time_figure, table_in_force_markdown
+from explorer.policy_panel import table_rows
+
+
+@pytest.mark.parametrize("cells, expected", [
+    ([[1, 2, 3], [3, 64, 0]], [[1, 2, 3], [3, 64, 0]]),
+    (pd.DataFrame([[1.0, 4.0, 2.0]]), [[1, 4, 2]]),  # the editor sends floats
+    ({"headers": ["start_bs", "end_bs", "K"], "data": [[1, 8, 1]]}, [[1, 8, 1]]),  # the API's form
+    ([[1, 8, 1], [None, None, None], ["", "", ""]], [[1, 8, 1]]),  # empty rows are skipped
+    (pd.DataFrame([[1, 8, 1], [math.nan, math.nan, math.nan]]), [[1, 8, 1]]),
+])
+def test_table_rows_accepts(cells, expected):
+    assert table_rows(cells) == expected
+
+
+@pytest.mark.parametrize("cells, error", [
+    ([[1, 2.5, 3]], "end_bs must be a whole number"),
+    ([[1, "x", 3]], "end_bs must be a whole number"),
+    ([[1, 2]], "needs three cells"),
+    ([[1, 2, None]], "K must be a whole number"),
+    ([[1, 1, 1]] * 65, "at most 64 rows"),
+])
+def test_table_rows_refuses(cells, error):
+    with pytest.raises(ValueError, match=error):
+        table_rows(cells)
+
+
+TABLE = [(1, 2, 3), (4, 8, 1), (16, 64, 0)]
+
+
+@pytest.mark.parametrize("batch, row, note", [
+    (1, 0, ""), (2, 0, ""), (3, 0, "gap"), (5, 1, ""), (12, 1, "gap"), (16, 2, ""), (64, 2, ""),
+])
+def test_the_row_in_force_is_marked(batch, row, note):
+    md = table_in_force_markdown(TABLE, batch, auction=False, k_max=5)
+    lines = md.splitlines()[2:]
+    marked = [i for i, line in enumerate(lines) if "in force" in line]
+    assert marked == [row]
+    assert (" gap " in lines[row] or "gap after" in lines[row]) == (note == "gap")
+
+
+def test_auction_replaces_the_table_view():
+    assert "Slot auction" in table_in_force_markdown(None, 3, auction=True, k_max=5)
+
+
+def step(seq, b, k, n, s, bids=()):
+    return EngineStep(seq, float(seq), s, s, b, k, n, 0, 0, b, (), (), 0, 0.0, 0,
+                      sum(x.admitted for x in bids) if bids else None, tuple(bids))
+
+
+COST = CostModel(0.05, 0.002, 4, points=(CostPoint(1, 0, 1, 0.05, 5), CostPoint(4, 3, 16, 0.074, 5)))
+
+
+def test_figures_render_with_and_without_data():
+    assert "No cost model" in step_time_figure(None, []).layout.annotations[0].text
+    fig = step_time_figure(COST, [step(1, 4, 3, 16, 0.07), step(2, 4, 3, 16, 0.08)])
+    names = [t.name for t in fig.data]
+    assert "measured, K=0" in names and "now (last 5 s)" in names
+    assert "knee ≈ 4 tokens" in [a.text for a in fig.layout.annotations]
+    auto = derive_auto_table(COST, [0.8, 0.7, 0.6], 3, 8)
+    assert auto_figure(auto, 2, "in force now").data
+    bids = (SlotBid("mine", (0.9, 0.8), 2), SlotBid("other", (0.2, 0.05), 0))
+    fig = auction_figure([step(3, 2, 2, 4, 0.06, bids)], "mine")
+    assert list(fig.data[0].y) == ["your request", "neighbour 1"]
+    assert fig.data[0].text[0][1].endswith("✓") and fig.data[0].text[1][0].endswith("✗")
+    assert "No step has run under the auction" in auction_figure([], None).layout.annotations[0].text
