@@ -385,3 +385,56 @@ def test_shipped_traces_are_small_and_complete(name):
     if name.startswith("load_0_32"):
         assert max(n for _, n in trace.loads) == 32 and trace.loads[-1][1] == 0
         assert max(s.batch_size for s in trace.steps) >= 30
+
+
+def test_app_records_a_live_session_that_replays(tiny, tmp_path):
+    """app.py --record on a tiny engine: the trace holds the run, the steps, the load, and replays."""
+    out = tmp_path / "session.jsonl"
+    port = free_port()
+    log = tmp_path / "app.log"
+    cmd = [sys.executable, "app.py", "--port", str(port), "--method", "draft", "--k", "3",
+           "--target", str(tiny.target), "--draft", str(tiny.perturbed), "--dtype", "float32",
+           "--max-model-len", "1024", "--kv-cache-gib", "1", "--record", str(out)]
+    with log.open("wb") as f:
+        app = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert app.poll() is None, log.read_text()[-3000:]
+            try:
+                if client is None and httpx.get(url, timeout=2).status_code == 200:
+                    client = Client(url, verbose=False)
+                if client is not None and "● **Engine ready**" in client.predict(api_name="/status"):
+                    break
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail("the app's engine never became ready:\n" + log.read_text()[-3000:])
+        *_, live_line = client.predict("def add(a, b):", 0.0, 24, api_name="/run")
+        client.predict(2, api_name="/set_load")
+        time.sleep(3)
+        client.predict(0, api_name="/set_load")
+        time.sleep(1.5)
+    finally:
+        app.send_signal(signal.SIGINT)
+        try:
+            app.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(app.pid, signal.SIGKILL)
+            pytest.fail("the app did not exit within 60 s of Ctrl-C")
+    trace = read_session(out)
+    assert trace.header["session"] and trace.header["method"] == "draft" and trace.header["k"] == 3
+    assert trace.summary is not None and trace.summary["num_requests"] == 1
+    assert [n for _, n in trace.loads] == [2, 0]
+    assert len(trace.steps) >= 24 and max(s.batch_size for s in trace.steps) >= 2
+    line = trace.request_lines[0]
+    assert line["token_ids"] == live_line["token_ids"] and line["kinds"] == live_line["kinds"]
+    assert line["spec_decode_metrics"] == live_line["spec_decode_metrics"]
+    assert "".join(x for s in line["steps"] for x in s["texts"]) == line["text"] == live_line["text"]
+    assert 0 <= line["t_start"] < line["steps"][0]["t"] <= line["t_end"] <= trace.summary["wall_s"]
+    # the foreground request's steps are among the server-wide engine steps, at the same times
+    step_times = {round(s.t, 4) for s in trace.steps}
+    assert all(s["t"] in step_times for s in line["steps"])
