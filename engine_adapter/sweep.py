@@ -1,18 +1,29 @@
-"""Sweep K policies against concurrency on a live engine, in one run.
+"""Sweep K policies against concurrency on live engines, in one run.
 
-    python -m engine_adapter.sweep --concurrency 1,2,4,8,16 --policies off,k1,k3,k5,table \\
-        --prompts FILE --max-tokens N --out sweep.csv [--method draft] [--table JSON]
+    python -m engine_adapter.sweep --concurrency 1,2,4,8,16 \\
+        --policies off,k1,k3,k5,table,auto,auction --prompts FILE --max-tokens N \\
+        --out sweep.csv [--method draft] [--table JSON] [--k-max 5] [--by-category]
 
-Policies: ``off`` (no speculation), ``kN`` (fixed K=N), ``table`` (vLLM's
-``num_speculative_tokens_per_batch_size``, from --table). Each policy runs on
-its own engine start (the policies that switch live, ``auto`` and
-``auction``, need the scheduler's control channel: not built yet, refused with
-a clear message). For each (policy, concurrency) a closed loop runs
-max(C, --min-requests) prompts; the tap gives server-wide step counts.
+Policies: ``off`` (an engine started with speculation off), ``kN`` (fixed
+K=N), ``table`` (vLLM's ``num_speculative_tokens_per_batch_size``, from
+--table), ``auto`` (the table derived from the measured cost model and the
+acceptance measured so far in this sweep), ``auction`` (the scheduler tap's
+slot auction under the cost model). Every policy but ``off`` runs on ONE
+engine started for live policies (num_speculative_tokens = --k-max) and is
+switched through the control channel, without a restart; the cost model is
+profiled once (or read from the per-machine cache).
+
+Policies are interleaved within each concurrency level (c=1: every policy,
+then c=2: ...), so the ones compared at a level ran minutes apart at most,
+not a whole sweep apart. For each (policy, concurrency[, category]) a closed
+loop runs max(C, --min-requests) prompts; the tap gives server-wide step counts.
+
+FILE is JSONL with a "prompt" per line and optionally a "category";
+--by-category measures each category on its own and adds a ``category`` column.
 
 CSV columns: policy, concurrency, total_tokens_per_s, per_request_tokens_per_s,
-mean_accepted_per_step, effective_k, draft_acceptance_rate. A table is printed,
-then a JSON last line.
+mean_accepted_per_step, effective_k, draft_acceptance_rate (+ category). A
+table is printed, then a JSON last line.
 """
 
 from __future__ import annotations
@@ -21,19 +32,20 @@ import argparse
 import asyncio
 import json
 import re
-import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from engine_adapter.bench import measure
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, KTable, validate_k_table
-from engine_adapter.load import run_prompts
+from engine_adapter.k_policy import alphas_from_counts
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.policy_control import PolicyController, PolicySpec
+from engine_adapter.profile import cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.record import read_prompts
 
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
@@ -42,88 +54,172 @@ COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_pe
 
 @dataclass(frozen=True)
 class Policy:
-    name: str
-    method: str
-    k: int
-    k_table: KTable | None = None
+    name: str  # as given on the command line
+    spec: PolicySpec | None  # None = the speculation-off engine
 
 
-def parse_policy(name: str, method: str, table: KTable | None) -> Policy:
+def parse_policy(name: str, table: KTable | None) -> Policy:
     if name == "off":
-        return Policy(name, "off", 1)
+        return Policy(name, None)
     if m := re.fullmatch(r"k(\d+)", name):
-        return Policy(name, method, int(m.group(1)))
+        return Policy(name, PolicySpec("fixed", int(m.group(1))))
     if name == "table":
         if table is None:
             raise ValueError("policy 'table' needs --table '[[start_bs, end_bs, K], ...]'")
-        return Policy(name, method, max(k for _, _, k in table) or 1, table)
+        return Policy(name, PolicySpec("table", table=table))
     if name in ("auto", "auction"):
-        raise ValueError(f"policy {name!r} needs the live control channel of the scheduler tap "
-                         "(issue 'K under load'), which is not built yet")
-    raise ValueError(f"unknown policy {name!r}: use off, kN (e.g. k3), table")
+        return Policy(name, PolicySpec(name))
+    raise ValueError(f"unknown policy {name!r}: use off, kN (e.g. k3), table, auto, auction")
 
 
-async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: int,
-                         max_tokens: int) -> dict[str, Any]:
+def k_needed(policies: list[Policy], k_max: int) -> int:
+    """num_speculative_tokens for the live engine: the largest K any policy asks for."""
+    ks = [k_max if p.spec.kind in ("auto", "auction") else
+          p.spec.k if p.spec.kind == "fixed" else max(r[2] for r in p.spec.table)
+          for p in policies if p.spec is not None]
+    return max(ks, default=k_max) or 1
+
+
+class PositionCounts:
+    """Acceptance per draft position pooled over everything measured (it is a property of the text)."""
+
+    def __init__(self, k: int) -> None:
+        self.accepted = [0] * k
+        self.reached = [0] * k
+
+    def add(self, steps) -> None:
+        for s in steps:
+            for i, (a, r) in enumerate(zip(s.accepted_per_pos, s.reached_per_pos)):
+                if i < len(self.accepted):
+                    self.accepted[i] += a
+                    self.reached[i] += r
+
+    def alphas(self) -> list[float]:
+        return alphas_from_counts(self.accepted, self.reached)
+
+
+async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int,
+                         counts: PositionCounts | None = None) -> dict[str, Any]:
+    """bench.measure's throughput plus the tap's server-wide step counts."""
     watch = engine.client.tap.watch()
     try:
-        t0 = time.monotonic()
-        results = await run_prompts(engine.client, prompts, concurrency, max_tokens=max_tokens)
-        wall = time.monotonic() - t0
+        m = await measure(engine, prompts, concurrency, max_tokens)
+        await asyncio.sleep(0.05)  # the tap's last messages
         steps = []
         while not watch.empty():
             steps.append(watch.get_nowait())
     finally:
         engine.client.tap.unwatch(watch)
+    if counts is not None:
+        counts.add(steps)
     drafted = sum(s.num_drafted for s in steps)
     accepted = sum(s.num_accepted for s in steps)
     drafting = sum(s.num_drafting for s in steps)
     request_steps = sum(s.batch_size for s in steps)
-    tokens = sum(len(r.token_ids) for r in results)
     return {
         "concurrency": concurrency,
-        "total_tokens_per_s": round(tokens / wall, 3),
-        "per_request_tokens_per_s": round(statistics.mean(r.tokens_per_second for r in results), 3),
+        "total_tokens_per_s": m["tokens_per_s"],
+        "per_request_tokens_per_s": m["per_request_tokens_per_s"],
         "mean_accepted_per_step": round(accepted / request_steps, 4) if request_steps else 0.0,
         "effective_k": round(drafted / drafting, 4) if drafting else 0.0,
         "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else None,
     }
 
 
+def read_categories(path: Path) -> dict[str, list[str]]:
+    prompts = read_prompts(path)  # validates every line
+    cats: dict[str, list[str]] = {}
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for obj, prompt in zip(lines, prompts):
+        cats.setdefault(str(obj.get("category", "all")), []).append(prompt)
+    return cats
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
 async def sweep(args: argparse.Namespace) -> pd.DataFrame:
-    prompts = read_prompts(args.prompts)
     table = validate_k_table(args.table) if args.table else None
-    policies = [parse_policy(p, args.method, table) for p in args.policies]
-    rows = []
-    for pol in policies:
-        print(f"== {pol.name}: starting engine", file=sys.stderr)
-        cfg = EngineConfig(method=pol.method, k=pol.k, k_table=pol.k_table, target=args.target,
-                           draft=args.draft, max_model_len=2048, max_num_seqs=max(args.concurrency),
-                           kv_cache_gib=args.kv_cache_gib)
-        engine = await LiveEngine.launch(cfg)
-        try:
-            await run_prompts(engine.client, prompts[:1], 1, max_tokens=8)  # warm-up
-            for c in args.concurrency:
+    policies = [parse_policy(p, table) for p in args.policies]
+    by_cat = read_categories(args.prompts) if args.by_category else {"all": read_prompts(args.prompts)}
+    all_prompts = [p for ps in by_cat.values() for p in ps]
+    max_seqs = max(max(args.concurrency), 16)
+    base = dict(target=args.target, draft=args.draft, max_model_len=2048, max_num_seqs=max_seqs,
+                kv_cache_gib=args.kv_cache_gib)
+    engines: dict[str, LiveEngine] = {}
+    try:
+        if any(p.spec is None for p in policies):
+            _say("== starting the speculation-off engine")
+            engines["off"] = await LiveEngine.launch(EngineConfig(method="off", **base))
+        live_pols = [p for p in policies if p.spec is not None]
+        ctl = counts = None
+        if live_pols:
+            k_max = k_needed(live_pols, args.k_max)
+            cfg = EngineConfig(method=args.method, k=min(3, k_max), k_max=k_max, **base)
+            _say(f"== starting the {args.method} engine for live policies (num_speculative_tokens={k_max})")
+            engines["live"] = live = await LiveEngine.launch(cfg)
+            ctl = PolicyController(live.client, k_max, max_seqs)
+            counts = PositionCounts(k_max)
+            if any(p.spec.kind in ("auto", "auction") for p in live_pols):
+                path = cache_path({"target": cfg.target, "draft": cfg.draft if cfg.method == "draft" else None,
+                                   "method": cfg.method, "dtype": cfg.dtype, "k_max": k_max,
+                                   "reserved_cpus": cfg.reserved_cpus, "vllm": "0.32.0"})
+                ctl.cost = None if args.reprofile else load_cached(path)
+                if ctl.cost is None:
+                    _say("== profiling the cost model")
+                    ctl.cost = await profile_engine(live.client, all_prompts, k_max, cfg.method == "draft",
+                                                    progress=lambda f, m: _say(f"   {m} ({f:.0%})"))
+                    save_cached(path, ctl.cost)
+                _say(f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
+                     f"+{ctl.cost.slope_s * 1e3:.2f} ms/token")
+                # acceptance for "auto" before anything else ran: one short pass at K = k_max
+                await ctl.apply(PolicySpec("fixed", k_max))
+                await measure_policy(live, all_prompts[:4], 4, args.max_tokens, counts)
+        for e in engines.values():
+            await measure(e, all_prompts[:1], 1, 8)  # warm-up, not reported
+        rows = []
+        for c in args.concurrency:
+            for cat, prompts in by_cat.items():
                 n = max(c, args.min_requests)
                 batch = [prompts[i % len(prompts)] for i in range(n)]
-                row = {"policy": pol.name, **await measure_policy(engine, batch, c, args.max_tokens)}
-                print(f"   c={c}: {row['total_tokens_per_s']:.2f} tok/s", file=sys.stderr)
-                rows.append(row)
-        finally:
-            await engine.close()
-    return pd.DataFrame(rows, columns=COLUMNS)
+                for pol in policies:
+                    if pol.spec is None:
+                        engine = engines["off"]
+                    else:
+                        engine = engines["live"]
+                        await ctl.apply(pol.spec, counts.alphas())
+                    row = {"policy": pol.name, **await measure_policy(
+                        engine, batch, c, args.max_tokens, counts if pol.spec else None)}
+                    if args.by_category:
+                        row["category"] = cat
+                    _say(f"   c={c} {cat} {pol.name}: {row['total_tokens_per_s']:.2f} tok/s, "
+                         f"effective K {row['effective_k']}")
+                    rows.append(row)
+    finally:
+        for e in engines.values():
+            await e.close()
+    cols = COLUMNS + (["category"] if args.by_category else [])
+    order = {p.name: i for i, p in enumerate(policies)}
+    df = pd.DataFrame(rows, columns=cols)
+    keys = ["category"] if args.by_category else []
+    df["_p"] = df["policy"].map(order)
+    return df.sort_values(keys + ["_p", "concurrency"], kind="stable").drop(columns="_p").reset_index(drop=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m engine_adapter.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,2,4,8,16")
-    p.add_argument("--policies", default="off,k1,k3,k5")
+    p.add_argument("--policies", default="off,k1,k3,k5,auto,auction")
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--method", choices=["ngram", "draft", "suffix"], default="draft")
     p.add_argument("--table", default=None, help="K table for the 'table' policy (JSON)")
+    p.add_argument("--k-max", type=int, default=5, help="K range for auto and auction (default 5)")
+    p.add_argument("--by-category", action="store_true", help="measure each prompt category on its own")
+    p.add_argument("--reprofile", action="store_true", help="profile the cost model even if cached")
     p.add_argument("--min-requests", type=int, default=4)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
@@ -139,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out, index=False)
     print(df.to_string(index=False))
-    print(json.dumps({"rows": df.to_dict(orient="records")}))
+    print(json.dumps({"rows": df.astype(object).where(df.notna(), None).to_dict(orient="records")}))
     return 0
 
 

@@ -53,6 +53,10 @@ def status_markdown(service: EngineService) -> str:
         f"method **{cfg.method}**, K={cfg.k}" + (f", K table {cfg.k_table}" if cfg and cfg.k_table else "")
         if cfg else "")
     if st.state == "ready":
+        profiling = service.policy_view().profiling
+        if profiling:  # K is switched while it runs: say so where everyone looks
+            return (f"● **Engine ready** ({what}) at `{st.url}`. ◐ Measuring the cost model for K policies: "
+                    f"{profiling}. Requests run meanwhile, under the K being measured.")
         return f"● **Engine ready** ({what}) at `{st.url}`."
     if st.state == "starting":
         p = st.progress

@@ -94,7 +94,9 @@ def app_url(tiny, tmp_path_factory):
             try:
                 if client is None and httpx.get(url, timeout=2).status_code == 200:
                     client = Client(url, verbose=False)
-                if client is not None and "● **Engine ready**" in client.predict(api_name="/status"):
+                status = client.predict(api_name="/status") if client is not None else ""
+                # ready, and done measuring the cost model (profiling switches K under the requests)
+                if "● **Engine ready**" in status and "Measuring the cost model" not in status:
                     break
             except (httpx.HTTPError, ValueError):
                 pass

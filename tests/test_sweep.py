@@ -4,54 +4,68 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from engine_adapter.sweep import COLUMNS, Policy, parse_policy
+from engine_adapter.policy_control import PolicySpec
+from engine_adapter.sweep import COLUMNS, Policy, k_needed, parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = [(1, 2, 3), (3, 64, 0)]
 
 
 @pytest.mark.parametrize("name, expected", [
-    ("off", Policy("off", "off", 1)),
-    ("k1", Policy("k1", "draft", 1)),
-    ("k5", Policy("k5", "draft", 5)),
-    ("table", Policy("table", "draft", 3, TABLE)),
-    ("auto", "control channel"),
-    ("auction", "control channel"),
+    ("off", Policy("off", None)),
+    ("k1", Policy("k1", PolicySpec("fixed", 1))),
+    ("k5", Policy("k5", PolicySpec("fixed", 5))),
+    ("table", Policy("table", PolicySpec("table", table=TABLE))),
+    ("auto", Policy("auto", PolicySpec("auto"))),
+    ("auction", Policy("auction", PolicySpec("auction"))),
     ("kx", "unknown policy"),
     ("fast", "unknown policy"),
 ])
 def test_parse_policy(name, expected):
     if isinstance(expected, Policy):
-        assert parse_policy(name, "draft", TABLE) == expected
+        assert parse_policy(name, TABLE) == expected
     else:
         with pytest.raises(ValueError, match=expected):
-            parse_policy(name, "draft", TABLE)
+            parse_policy(name, TABLE)
 
 
 def test_table_policy_needs_a_table():
     with pytest.raises(ValueError, match="needs --table"):
-        parse_policy("table", "draft", None)
+        parse_policy("table", None)
+
+
+@pytest.mark.parametrize("names, k_max, expected", [
+    (["off", "k1", "k3"], 5, 3),
+    (["k1", "auto"], 5, 5),
+    (["table"], 2, 3),  # the table asks for K=3
+    (["off"], 4, 4),
+])
+def test_the_live_engine_drafts_as_far_as_any_policy_asks(names, k_max, expected):
+    assert k_needed([parse_policy(n, TABLE) for n in names], k_max) == expected
 
 
 def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
     out = tmp_path / "sweep.csv"
-    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1,2", "--policies", "off,k2,table",
+    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1,2",
+           "--policies", "off,k2,table,auto,auction", "--k-max", "3",
            "--table", "[[1,1,3],[2,64,0]]", "--prompts", str(prompts), "--max-tokens", "16",
            "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0].keys()) == COLUMNS
     assert [(r["policy"], r["concurrency"]) for r in rows] == [
-        ("off", "1"), ("off", "2"), ("k2", "1"), ("k2", "2"), ("table", "1"), ("table", "2")]
+        (p, c) for p in ("off", "k2", "table", "auto", "auction") for c in ("1", "2")]
     by = {(r["policy"], int(r["concurrency"])): r for r in rows}
     assert float(by[("off", 1)]["effective_k"]) == 0
     assert float(by[("k2", 1)]["effective_k"]) == pytest.approx(2.0)
@@ -59,4 +73,24 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     assert float(by[("table", 1)]["effective_k"]) == pytest.approx(3.0)
     # at concurrency 2 the table says K=0 for most steps (batch size 2); a lone request may still draft
     assert float(by[("table", 2)]["effective_k"]) <= 3.0
+    for policy in ("auto", "auction"):  # measured, with drafts within the engine's K
+        for c in (1, 2):
+            assert float(by[(policy, c)]["total_tokens_per_s"]) > 0
+            assert 0 <= float(by[(policy, c)]["effective_k"]) <= 3
+    assert (tmp_path / "cache" / "cost").is_dir()  # the cost model was profiled and kept
     assert json.loads(done.stdout.strip().splitlines()[-1])["rows"][0]["policy"] == "off"
+
+
+def test_by_category_adds_the_column(tiny, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c})
+                                 for p, c in [("def add(a, b):", "code"), ("Once upon", "story")]))
+    out = tmp_path / "sweep.csv"
+    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "k1",
+           "--by-category", "--prompts", str(prompts), "--max-tokens", "8", "--min-requests", "1",
+           "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0].keys()) == COLUMNS + ["category"]
+    assert sorted(r["category"] for r in rows) == ["code", "story"]
