@@ -39,7 +39,6 @@ from engine_adapter.load import LoadStats
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service import ServiceStatus
 from engine_adapter.session_trace import SessionTrace, read_session
-from engine_adapter.policy_desk import PolicyView
 
 HISTORY_S = 600.0  # how far back steps_since / load_changes look, in recorded seconds
 NOTE_S = 15.0  # how long a refusal note stays in replay_info
@@ -286,14 +285,3 @@ class ReplayService:
             await asyncio.sleep(min(delay, 5.0))
         yield result
 
-    # --- K policies: a replay has no engine to switch ------------------------
-    def policy_view(self) -> PolicyView:
-        return PolicyView(available=False, why_not="this is a replay of a recorded session (no engine); "
-                          "the recorded K and batch sizes show in the charts", state=None, cost=None,
-                          cost_source=None, profiling=None, error=None, applied_seq=None, k_max=0, alphas=[])
-
-    async def set_policy(self, spec) -> None:
-        raise RuntimeError("this is a replay of a recorded session: there is no engine to switch policies on")
-
-    async def profile_cost(self) -> None:
-        raise RuntimeError("this is a replay of a recorded session: there is no engine to profile")
