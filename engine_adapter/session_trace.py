@@ -271,6 +271,18 @@ class SessionTrace:
         return last
 
 
+def _rebase(requests: list[RequestResult]) -> None:
+    """Shift times so that the first request starts at 0."""
+    t0 = min(r.t_start for r in requests)
+    for r in requests:
+        r.t_start -= t0
+        r.t_end -= t0
+        if r.t_first_token is not None:
+            r.t_first_token -= t0
+        for s in r.steps:
+            s.t -= t0
+
+
 def read_session(path: str | Path) -> SessionTrace:
     """Read a session trace (or a recorder trace: its requests, no timeline)."""
     path = Path(path)
@@ -307,6 +319,8 @@ def read_session(path: str | Path) -> SessionTrace:
             trace.summary = d
     if trace is None:
         raise ValueError(f"{path}: empty trace")
+    if not trace.header.get("session") and trace.requests:
+        _rebase(trace.requests)  # a recorder trace: engine-host clock times, no session start
     trace.steps.sort(key=lambda s: s.t)
     order = sorted(range(len(trace.requests)), key=lambda i: trace.requests[i].t_start)
     trace.requests = [trace.requests[i] for i in order]

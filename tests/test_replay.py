@@ -136,6 +136,23 @@ def test_reader_copes_with_a_cut_last_line(tmp_path):
         read_session(tmp_path / "bad.jsonl")
 
 
+def test_a_recorder_trace_replays_its_requests(tmp_path):
+    """A trace from `python -m engine_adapter.record` (engine-host clock, no timeline) plays too."""
+    from engine_adapter.record import request_line
+
+    path = tmp_path / "rec.jsonl"
+    lines = [{"type": "run", "method": "draft", "k": 3}, request_line(request(5000.0)),
+             request_line(request(5003.0, prompt="The quick brown fox")),
+             {"type": "summary", "wall_s": 4.0, "total_tokens": 18, "tokens_per_second": 4.5}]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    trace = read_session(path)
+    assert [r.t_start for r in trace.requests] == [0.0, pytest.approx(3.0)]
+    assert trace.requests[1].steps[0].t == pytest.approx(3.25) and trace.duration_s == pytest.approx(4.01)
+    assert [t.text for t in trace.requests[0].tokens][:2] == ["⟨11⟩", "⟨21⟩"]  # no texts: ids shown
+    svc = ReplayService(path, speed=50.0)
+    assert svc.replay_prompt("The quick brown fox") == "The quick brown fox"
+
+
 class FakeService:
     """EngineService's surface as the recorder reads it."""
 
