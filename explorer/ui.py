@@ -25,12 +25,14 @@ from explorer.lossless import compare
 from explorer.policy_panel import build_policy_panel
 from explorer.presets import Preset, preset_choices
 from explorer.replay_panel import add_replay_panel, replay_status_markdown
+from explorer.sweep_view import build_sweep_panel
 from explorer.request_card import card_markdown, histogram_figure, position_figure
 from explorer.token_view import TokenView, token_view_value
 
 MAX_PROMPT_CHARS = 8000
 MAX_BACKGROUND = 64
 EXPLAIN = (Path(__file__).resolve().parent.parent / "assets" / "explain.md").read_text()
+SWEEP_DIR = Path(__file__).resolve().parent.parent / "docs" / "sweeps"  # sweeps shipped with the explorer
 
 METHOD_LABELS = {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)",
                  "draft": "draft model", "suffix": "suffix tree"}
@@ -120,6 +122,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
         fg_steps = gr.State([])  # (t, tokens) of this page's foreground steps
         fg_id = gr.State(None)  # this page's current request id (to find it in the auction grid)
         build_policy_panel(service, fg_id, defaults.config.k_max or defaults.config.k)
+        build_sweep_panel(SWEEP_DIR)
 
         def pick(label: str | None) -> str:
             return by_label[label].prompt if label in by_label else gr.skip()

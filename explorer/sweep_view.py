@@ -1,0 +1,104 @@
+"""Sweep results in the explorer: speedup versus concurrency, one curve per policy.
+
+Contract: ``read_sweep(path)`` reads a CSV written by ``python -m
+engine_adapter.sweep`` (checks the columns, says what is missing);
+``sweep_figure(df)`` plots, per policy, total tokens/s divided by the
+``off`` policy's at the same concurrency (and category) when ``off`` was
+measured, else absolute tokens/s; one panel per task category when the CSV
+has a ``category`` column. ``build_sweep_panel(sweep_dir)`` adds the
+accordion: the sweeps shipped in ``docs/sweeps/`` and an upload for one's own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+REQUIRED = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
+            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
+
+
+def read_sweep(path: str | Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise ValueError(f"cannot read {Path(path).name} as CSV: {e}") from None
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise ValueError(f"{Path(path).name} is not a sweep CSV: missing column(s) {', '.join(missing)}")
+    if df.empty:
+        raise ValueError(f"{Path(path).name} has no rows")
+    return df
+
+
+def with_speedup(df: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``speedup``: total tokens/s over the off policy's at the same concurrency (and category)."""
+    keys = ["concurrency"] + (["category"] if "category" in df.columns else [])
+    off = df[df["policy"] == "off"].set_index(keys)["total_tokens_per_s"].rename("off_tokens_per_s")
+    out = df.join(off, on=keys)
+    out["speedup"] = out["total_tokens_per_s"] / out["off_tokens_per_s"]
+    return out
+
+
+def sweep_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
+    d = with_speedup(df)
+    has_off = d["off_tokens_per_s"].notna().any()
+    y, y_title = ("speedup", "speedup vs off (total tokens/s ratio)") if has_off else \
+        ("total_tokens_per_s", "total tokens/s")
+    cats = sorted(d["category"].dropna().unique()) if "category" in d.columns else [None]
+    fig = make_subplots(rows=1, cols=len(cats), shared_yaxes=True,
+                        subplot_titles=[f"{c} prompts" for c in cats] if cats != [None] else None)
+    palette = ["#555", "#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692"]
+    for i, policy in enumerate(dict.fromkeys(d["policy"])):
+        for j, cat in enumerate(cats, 1):
+            sel = d[(d["policy"] == policy) & ((d["category"] == cat) if cat is not None else True)]
+            sel = sel.sort_values("concurrency")
+            fig.add_trace(go.Scatter(
+                x=sel["concurrency"], y=sel[y], mode="lines+markers", name=policy, legendgroup=policy,
+                showlegend=j == 1, line=dict(color=palette[i % len(palette)], dash="dot" if policy == "off" else None),
+                customdata=sel[["total_tokens_per_s", "effective_k", "draft_acceptance_rate"]].values,
+                hovertemplate=(f"{policy}, c=%{{x}}: %{{y:.2f}}<br>%{{customdata[0]:.1f}} tokens/s, "
+                               "effective K %{customdata[1]:.2f}, acceptance %{customdata[2]:.2f}<extra></extra>")),
+                row=1, col=j)
+    if has_off:
+        fig.add_hline(y=1.0, line=dict(color="#999", width=1))
+    fig.update_xaxes(type="log", title_text="concurrency (requests in flight)", tickvals=sorted(d["concurrency"].unique()))
+    fig.update_yaxes(title_text=y_title, col=1)
+    fig.update_layout(title=title or "Speedup versus concurrency, per K policy (measured)", height=380,
+                      margin=dict(l=60, r=10, t=70, b=50))
+    return fig
+
+
+def build_sweep_panel(sweep_dir: Path) -> None:
+    shipped = sorted(sweep_dir.glob("*.csv")) if sweep_dir.is_dir() else []
+    with gr.Accordion("Sweep: speedup versus concurrency per policy (python -m engine_adapter.sweep)", open=False):
+        gr.Markdown("Measured by `python -m engine_adapter.sweep` on a live engine; pick a sweep shipped with "
+                    "the explorer (made on the machine named in its file name) or upload your own CSV.")
+        with gr.Row():
+            pick = gr.Dropdown([p.name for p in shipped], value=shipped[0].name if shipped else None,
+                               label="Shipped sweeps", elem_id="sweep-pick")
+            upload = gr.File(label="…or your sweep CSV", file_types=[".csv"], elem_id="sweep-upload")
+        first = show(shipped[0]) if shipped else ("No sweep shipped yet.", None, None)
+        message = gr.Markdown(first[0])
+        plot = gr.Plot(first[1], show_label=False, elem_id="sweep-plot")
+        table = gr.Dataframe(first[2], interactive=False, elem_id="sweep-table")
+
+    pick.change(lambda name: show(sweep_dir / name if name else None), pick, [message, plot, table],
+                api_name="sweep")
+    upload.upload(show, upload, [message, plot, table], api_name=False)
+
+
+
+def show(path: str | Path | None) -> tuple[str, go.Figure | None, pd.DataFrame | None]:
+    """Message, figure and table for one sweep CSV (a clear message for a bad file)."""
+    if not path:
+        return "No sweep chosen.", None, None
+    try:
+        df = read_sweep(path)
+    except ValueError as e:
+        return f"✕ {e}", None, None
+    return f"{len(df)} rows from `{Path(path).name}`.", sweep_figure(df, Path(path).stem), df

@@ -1,0 +1,55 @@
+"""Sweep CSVs in the explorer: reading (clear errors), speedup against off, per category."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from explorer.sweep_view import REQUIRED, read_sweep, show, sweep_figure, with_speedup
+
+
+def rows(policy, tps_by_c, category=None):
+    out = []
+    for c, tps in tps_by_c.items():
+        r = {"policy": policy, "concurrency": c, "total_tokens_per_s": tps, "per_request_tokens_per_s": tps / c,
+             "mean_accepted_per_step": 1.0, "effective_k": 2.0, "draft_acceptance_rate": 0.5}
+        if category:
+            r["category"] = category
+        out.append(r)
+    return out
+
+
+def test_speedup_is_against_off_at_the_same_level():
+    df = pd.DataFrame(rows("off", {1: 10, 4: 20}) + rows("k3", {1: 15, 4: 16}))
+    d = with_speedup(df).set_index(["policy", "concurrency"])
+    assert d.loc[("k3", 1), "speedup"] == pytest.approx(1.5)
+    assert d.loc[("k3", 4), "speedup"] == pytest.approx(0.8)
+    assert d.loc[("off", 4), "speedup"] == pytest.approx(1.0)
+
+
+def test_categories_get_their_own_baseline_and_panel():
+    df = pd.DataFrame(rows("off", {1: 10}, "code") + rows("k3", {1: 15}, "code")
+                      + rows("off", {1: 5}, "story") + rows("k3", {1: 6}, "story"))
+    d = with_speedup(df).set_index(["policy", "category"])
+    assert d.loc[("k3", "story"), "speedup"] == pytest.approx(1.2)
+    fig = sweep_figure(df)
+    assert [a.text for a in fig.layout.annotations][:2] == ["code prompts", "story prompts"]
+
+
+def test_without_off_the_figure_shows_tokens_per_second():
+    fig = sweep_figure(pd.DataFrame(rows("k1", {1: 3, 2: 5})))
+    assert fig.layout.yaxis.title.text == "total tokens/s"
+
+
+@pytest.mark.parametrize("content, error", [
+    ("", "cannot read"),
+    ("policy,concurrency\nk1,1\n", "missing column"),
+    (",".join(REQUIRED) + "\n", "has no rows"),
+])
+def test_bad_csvs_get_a_clear_message(tmp_path, content, error):
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=error):
+        read_sweep(path)
+    message, fig, table = show(path)
+    assert message.startswith("✕") and fig is None and table is None
