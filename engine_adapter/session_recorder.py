@@ -66,6 +66,7 @@ class SessionRecorder:
         self._clock = clock
         self._writer = SessionTraceWriter(self.path)
         self.t0: float | None = None
+        self._not_ready_t: float | None = None  # the last poll that saw the engine not ready yet
         self._results: collections.deque[RequestResult] = collections.deque()
         self._last_step_t = float("-inf")
         self._loads: dict[float, int] = {}
@@ -94,7 +95,8 @@ class SessionRecorder:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        # poll often until the engine is ready: time zero is taken between two polls
+        while not self._stop.wait(self.poll_s if self.t0 is not None else min(self.poll_s, 0.05)):
             with contextlib.suppress(Exception):  # a recorder must never take the app down
                 self.poll_once()
 
@@ -108,9 +110,12 @@ class SessionRecorder:
         st = svc.status()
         if self.t0 is None:
             if st.state != "ready":
+                self._not_ready_t = self._clock()
                 return
-            self.t0 = self._clock()
-            self._last_step_t = self.t0  # the handshake's steps came before time zero
+            # the engine became ready after the last poll that saw it not ready: that is time zero, so
+            # a request sent at once is not cut (at most a poll interval of the handshake may show)
+            self.t0 = self._not_ready_t if self._not_ready_t is not None else self._clock()
+            self._last_step_t = self.t0
             self._generation = st.generation
             self._writer.write(session_header(_config_dict(st.config), _vllm_version(svc),
                                               attached=st.attached, url=st.url))

@@ -225,6 +225,23 @@ def test_recorder_follows_a_service(tmp_path):
     assert trace.backgrounds[0]["tokens_per_s"] == 12.5
 
 
+def test_recorder_time_zero_is_when_the_engine_became_ready(tmp_path):
+    """A request sent the moment the status says ready is recorded whole, even between two polls."""
+    now = [10.0]
+    svc = FakeService()
+    rec = SessionRecorder(svc, tmp_path / "rec.jsonl", clock=lambda: now[0])
+    rec.poll_once()  # not ready yet at 10.0
+    svc.state = "ready"
+    svc.steps.append(engine_step(1, 10.2))  # a user's first step, before the recorder's next poll
+    for cb in svc.on_result:
+        cb(request(10.1))
+    now[0] = 10.5
+    rec.close()
+    trace = read_session(tmp_path / "rec.jsonl")
+    assert rec.t0 == 10.0 and [s.t for s in trace.steps] == [pytest.approx(0.2)]
+    assert trace.requests[0].t_start == pytest.approx(0.1)
+
+
 async def test_replay_plays_at_speed(tmp_path):
     path = tmp_path / "s.jsonl"
     write_trace(path, n_steps=40, dt=0.1)  # 4 recorded seconds
