@@ -15,6 +15,7 @@ import sys
 from engine_adapter.engine_config import METHODS, EngineConfig, validate_k_table
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.service import EngineService
+from explorer.presenter import Presenter
 from explorer.presets import load_presets
 from explorer.ui import UiDefaults, build_ui
 
@@ -37,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=int, default=2)
     p.add_argument("--attach", default=None, help="use a running vLLM server at this URL")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory for --attach")
+    p.add_argument("--presenter-key", default=os.environ.get("SPEC_EXPLORER_PRESENTER_KEY"),
+                   help="lock engine-wide settings (method, K, K policy) behind this key, for a classroom "
+                        "(or set SPEC_EXPLORER_PRESENTER_KEY, e.g. as a Space secret)")
     p.add_argument("--record", default=None, metavar="FILE",
                    help="record the session (engine steps, foreground requests, load, policy changes) to FILE")
     p.add_argument("--replay", default=None, metavar="TRACE",
@@ -83,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGINT is re-armed because a shell starts background jobs with it ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    demo = build_ui(service, presets, UiDefaults(config=config))
+    demo = build_ui(service, presets, UiDefaults(config=config, presenter=Presenter(args.presenter_key)))
     try:
         demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)
     finally:

@@ -37,7 +37,7 @@ from typing import Any
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.load import LoadStats
 from engine_adapter.records import EngineStep, RequestResult, Step
-from engine_adapter.service import ServiceStatus
+from engine_adapter.service import BackgroundShare, ServiceStatus
 from engine_adapter.session_trace import SessionTrace, read_session
 
 HISTORY_S = 600.0  # how far back steps_since / load_changes look, in recorded seconds
@@ -192,7 +192,7 @@ class ReplayService:
         i = bisect.bisect_right([b["t"] for b in bgs], pos)
         return bgs[i - 1] if i else None
 
-    async def set_background(self, n: int) -> int:
+    async def set_background(self, n: int, session: str = "default") -> int:
         pos = self.position_s()
         self._say("This is a replay: the background load is the recorded one "
                   f"({self._load_at(pos)} requests at this point); the slider cannot change it.")
@@ -205,6 +205,17 @@ class ReplayService:
         if b is None:
             return LoadStats(load, 0, 0, 0, 0, None) if load else None
         return LoadStats(b["target"], b["in_flight"], b["completed"], b["failed"], b.get("tokens", 0), None)
+
+    def background_share(self, session: str) -> BackgroundShare:
+        """The recorded load, as if one session had asked for it (a replay has no sessions)."""
+        load = self._load_at(self.position_s())
+        return BackgroundShare(asked=0, granted=0, total=load, sessions=0, cap=max(load, 64))
+
+    def release_background(self, session: str) -> None:
+        pass  # nothing runs in a replay
+
+    def touch_session(self, session: str) -> None:
+        pass
 
     def background_tokens_per_second(self, window_s: float = 10.0) -> float:
         b = self._background_at(self.position_s())

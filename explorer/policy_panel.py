@@ -21,6 +21,7 @@ import pandas as pd
 
 from engine_adapter.k_policy import derive_auto_table
 from engine_adapter.policy_control import PolicySpec
+from explorer.presenter import Presenter
 from explorer.policy_charts import (
     auction_figure,
     auto_figure,
@@ -91,7 +92,8 @@ def policy_status(service) -> str:
     return " ".join(parts)
 
 
-def build_policy_panel(service, foreground: gr.State, k_max: int) -> None:
+def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.State,
+                       presenter: Presenter) -> None:
     with gr.Accordion("K under load: live policy, cost model, auto table, slot auction", open=True):
         with gr.Row():
             with gr.Column(scale=2, min_width=320):
@@ -114,7 +116,9 @@ def build_policy_panel(service, foreground: gr.State, k_max: int) -> None:
             auto_plot = gr.Plot(show_label=False, elem_id="auto-curve")
             auction_plot = gr.Plot(show_label=False, elem_id="auction-grid")
 
-    async def apply(kind: str, k_value: float, rows: Any) -> str:
+    async def apply(kind: str, k_value: float, rows: Any, may: bool) -> str:
+        if refusal := presenter.refusal(may):
+            return refusal
         try:
             spec = PolicySpec(kind, int(k_value), table_rows(rows) if kind == "table" else None)
             state = await service.set_policy(spec)
@@ -124,16 +128,18 @@ def build_policy_panel(service, foreground: gr.State, k_max: int) -> None:
             return f"Queued: {spec.describe()} applies when profiling ends. " + policy_status(service)
         return policy_status(service)
 
-    apply_btn.click(apply, [policy, k, table], status, api_name="set_policy")
+    apply_btn.click(apply, [policy, k, table, unlocked], status, api_name="set_policy")
 
-    async def profile() -> str:
+    async def profile(may: bool) -> str:
+        if refusal := presenter.refusal(may):
+            return refusal
         try:
             await service.profile_cost()
         except RuntimeError as e:
             return f"✕ {e}"
         return policy_status(service)
 
-    profile_btn.click(profile, None, status, api_name="profile")
+    profile_btn.click(profile, unlocked, status, api_name="profile")
 
     def refresh(fg: str | None):
         v = service.policy_view()

@@ -23,6 +23,7 @@ from explorer.chart_export import add_csv_export
 from explorer.live_charts import bin_prom, bin_steps, foreground_rate, live_figure
 from explorer.lossless import compare
 from explorer.policy_panel import build_policy_panel
+from explorer.presenter import Presenter, build_presenter_box
 from explorer.presets import Preset, preset_choices
 from explorer.replay_panel import add_replay_panel, replay_status_markdown
 from explorer.sweep_view import build_sweep_panel
@@ -41,6 +42,7 @@ METHOD_LABELS = {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)"
 @dataclass(frozen=True)
 class UiDefaults:
     config: EngineConfig
+    presenter: Presenter = Presenter()
     max_tokens: int = 128
     temperature: float = 0.0
 
@@ -59,14 +61,20 @@ def status_markdown(service: EngineService) -> str:
         if profiling:  # K is switched while it runs: say so where everyone looks
             return (f"● **Engine ready** ({what}) at `{st.url}`. ◐ Measuring the cost model for K policies: "
                     f"{profiling}. Requests run meanwhile, under the K being measured.")
-        return f"● **Engine ready** ({what}) at `{st.url}`."
+        fault = getattr(st, "fault", None)  # the watchdog brought it back (engine_adapter/watchdog.py)
+        return f"● **Engine ready** ({what}) at `{st.url}`." + (f" Restarted by itself after: {fault}." if fault else "")
     if st.state == "starting":
         p = st.progress
         frac = p.fraction if p else 0.0
         bar = "█" * int(frac * 20) + "░" * (20 - int(frac * 20))
+        if getattr(st, "fault", None):
+            return (f"◐ **Engine restarting after a fault** ({what}): `{bar}` {frac:.0%} — "
+                    f"{p.message if p else ''}. Cause: {st.fault}")
         return f"◐ **Engine starting** ({what}): `{bar}` {frac:.0%} — {p.message if p else ''}"
+    if st.state == "restarting":  # dead or hung; requests in flight ended with this message
+        return f"⚠ **Engine down, restarting:** {st.error}"
     if st.state == "failed":
-        return f"✕ **Engine failed to start:** {st.error}"
+        return f"✕ **Engine {'down' if getattr(st, 'fault', None) else 'failed to start'}:** {st.error}"
     return f"○ Engine {st.state}."
 
 
@@ -91,6 +99,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                     temperature = gr.Slider(0.0, 1.5, value=defaults.temperature, step=0.05, label="Temperature")
                     max_tokens = gr.Slider(8, 1024, value=defaults.max_tokens, step=8, label="Max tokens")
                 with gr.Accordion("Engine (restarts the engine)", open=True):
+                    unlocked = build_presenter_box(defaults.presenter)
                     method = gr.Radio([(METHOD_LABELS[m], m) for m in methods], value=defaults.config.method,
                                       label="Speculation method", elem_id="method")
                     k = gr.Slider(1, 8, value=defaults.config.k, step=1, label="K (num_speculative_tokens)")
@@ -121,7 +130,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
         last = gr.State(None)  # this page's last RequestResult
         fg_steps = gr.State([])  # (t, tokens) of this page's foreground steps
         fg_id = gr.State(None)  # this page's current request id (to find it in the auction grid)
-        build_policy_panel(service, fg_id, defaults.config.k_max or defaults.config.k)
+        build_policy_panel(service, fg_id, defaults.config.k_max or defaults.config.k, unlocked, defaults.presenter)
         build_sweep_panel(SWEEP_DIR)
 
         def pick(label: str | None) -> str:
@@ -174,7 +183,9 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
         prompt.submit(run, [prompt, temperature, max_tokens], run_outputs, api_name=False)
         stop_btn.click(None, None, None, cancels=[run_event])
 
-        async def apply(m: str, k_value: float) -> str:
+        async def apply(m: str, k_value: float, may: bool) -> str:
+            if refusal := defaults.presenter.refusal(may):
+                return refusal
             cfg = replace(defaults.config, method=m, k=int(k_value))
             if cfg.k_max is not None:  # live policies stay on, with room for the chosen K
                 cfg.k_max = max(cfg.k_max, cfg.k)
@@ -185,7 +196,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             service.start(cfg)  # returns at once; the status line shows progress
             return status_markdown(service)
 
-        apply_btn.click(apply, [method, k], status, api_name="apply")
+        apply_btn.click(apply, [method, k, unlocked], status, api_name="apply")
 
         async def check(result: RequestResult | None, temp: float):
             if result is None:
@@ -209,38 +220,57 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
 
         check_btn.click(check, [last, temperature], [verdict, spec_text, plain_text], api_name="lossless")
 
-        async def set_load(n: float) -> str:
+        async def set_load(n: float, request: gr.Request) -> str:
             if service.status().state != "ready":
                 return "The engine is not ready; the load starts once it is."
-            got = await service.set_background(int(n))
-            return load_text(got)
+            try:
+                n = float(n)
+            except (TypeError, ValueError):
+                return f"✕ The load must be a number of requests between 0 and {MAX_BACKGROUND}; got {n!r}."
+            if not 0 <= n <= MAX_BACKGROUND or not n.is_integer():
+                note = f"✕ {n:g} is not a whole number between 0 and {MAX_BACKGROUND}: nothing changed. "
+                return note + load_text(request.session_hash)
+            await service.set_background(int(n), session=request.session_hash)
+            return load_text(request.session_hash)
 
-        def load_text(target: int | None = None) -> str:
+        def load_text(session: str) -> str:
             st = service.background_stats()
+            share = service.background_share(session)
             last_step = service.steps_since(time.monotonic() - 2.0)
             running = max((s.batch_size for s in last_step), default=0)
             if service.status().attached and service.prom_history():
                 running = int(service.prom_history()[-1].running)
-            if st is None or (st.target == 0 and st.in_flight == 0):
-                return f"No background load. Requests running in the engine: **{running}**."
+            engine = f"Requests running in the engine: **{running}**."
+            if st is None or (share.total == 0 and st.in_flight == 0):
+                return f"No background load. {engine}"
+            mine = (f"Your background load: **{share.asked}** requested, **{share.granted}** granted"
+                    if share.asked else "You ask for no background load")
+            shared = (f" (the cap of {share.cap} is shared by {share.sessions} session"
+                      f"{'s' if share.sessions != 1 else ''})")
             err = f" Last error: {st.last_error}" if st.last_error else ""
-            return (f"Background: **{st.target}** requested, **{st.in_flight}** in flight, {st.completed} done, "
+            return (f"{mine}{shared}. All sessions: **{st.in_flight}** in flight, {st.completed} done, "
                     f"{st.failed} failed; **{service.background_tokens_per_second():.1f} tokens/s**. "
-                    f"Requests running in the engine: **{running}**.{err}")
+                    f"{engine}{err}")
 
         # change (not release) so a typed number counts too; always_last coalesces a drag
         load.change(set_load, load, load_readout, api_name="set_load", trigger_mode="always_last")
 
-        def refresh(times: list[tuple[float, int]]):
+        def refresh(times: list[tuple[float, int]], request: gr.Request):
+            service.touch_session(request.session_hash)  # a page that stops polling loses its load
             now = time.monotonic()
             if service.status().attached:  # no tap: server-wide counters from /metrics
                 df = bin_prom(service.prom_history(), now)
             else:
                 df = bin_steps(service.steps_since(now - 180.0), now)
             markers = [(t - now, n) for t, n in service.load_changes]
-            return live_figure(df, markers, foreground_rate(times or [], now)), load_text()
+            return live_figure(df, markers, foreground_rate(times or [], now)), load_text(request.session_hash)
 
         gr.Timer(1.0).tick(refresh, fg_steps, [live, load_readout], api_name="live", show_progress="hidden")
         gr.Timer(1.0).tick(lambda: status_markdown(service), None, status, api_name="status",
                            show_progress="hidden")
+        # a closed tab or a reload ends the session: its background load stops
+        def leave(request: gr.Request) -> None:
+            service.release_background(request.session_hash)
+
+        demo.unload(leave)
     return demo
