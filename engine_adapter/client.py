@@ -48,6 +48,17 @@ class RequestError(RuntimeError):
     """The engine refused or failed a request; the message is the engine's."""
 
 
+def _connection_message(url: str, e: httpx.HTTPError) -> str:
+    """A plain sentence for a request that lost its engine."""
+    if isinstance(e, httpx.ConnectError):
+        return f"could not reach the engine at {url} (it is not running, or restarting)"
+    if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return "the engine closed the connection in the middle of the request (it stopped or crashed)"
+    if isinstance(e, httpx.TimeoutException):
+        return f"the engine did not answer in time ({type(e).__name__})"
+    return f"lost the connection to the engine: {e!r}"
+
+
 @dataclass
 class _HttpState:
     chunks: list[list[int]] = field(default_factory=list)  # token ids per SSE chunk
@@ -90,6 +101,24 @@ class EngineClient:
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(10.0, read=600.0), limits=httpx.Limits(max_connections=256)
         )
+        # request id -> (its HTTP state, its wake queue): what fail_all ends
+        self._inflight: dict[str, tuple[_HttpState, asyncio.Queue]] = {}
+
+    @property
+    def in_flight(self) -> int:
+        """Requests of this client now running (foreground and background)."""
+        return len(self._inflight)
+
+    def fail_all(self, message: str) -> int:
+        """End every in-flight ``generate`` at once with ``RequestError(message)`` (the engine
+        died or hung: its streams may never end by themselves). Returns how many."""
+        n = 0
+        for state, wake in list(self._inflight.values()):
+            if not state.done:
+                state.error, state.done = message, True
+                wake.put_nowait(("done", None))
+                n += 1
+        return n
 
     async def start(self, handshake_timeout_s: float = 60.0) -> None:
         if self.model is None:
@@ -197,7 +226,7 @@ class EngineClient:
                     if data.get("metrics"):
                         state.metrics = data["metrics"].get("speculative_decoding")
         except httpx.HTTPError as e:
-            state.error = f"lost the connection to the engine: {e!r}"
+            state.error = state.error or _connection_message(self.base_url, e)
         finally:
             state.done = True
             wake.put_nowait(("done", None))
@@ -234,6 +263,7 @@ class EngineClient:
             body["ignore_eos"] = True
         state = _HttpState()
         wake: asyncio.Queue = self.tap.register(rid) if self.tap else asyncio.Queue()
+        self._inflight[rid] = (state, wake)
         t_start = time.monotonic()
         task = asyncio.create_task(self._stream_http(body, state, wake))
         text = IncrementalText(self.tokenizer)
@@ -247,8 +277,10 @@ class EngineClient:
                 async for step in self._steps_from_chunks(wake, state, text):
                     steps.append(step)
                     yield step
-            await task
+            if state.error is None:  # after fail_all the stream may hang: do not wait for it
+                await task
         finally:
+            self._inflight.pop(rid, None)
             if not task.done():
                 task.cancel()  # the consumer went away: abort the request
             if self.tap:

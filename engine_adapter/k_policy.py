@@ -14,6 +14,8 @@ and the tests call the same code):
   scored by survival probability, admitted globally best-first until the
   number of slots maximising expected tokens per second under the cost model;
   returns each request's admitted draft length;
+- ``best_ceiling(scores, cost)``: how many positions the drafter should
+  propose at all, since a model drafter's cost is paid for every position;
 - ``SlotEstimator``: running per-request, per-position acceptance counts with a
   shrinkage prior from all requests, giving each request's survival scores.
 
@@ -125,6 +127,21 @@ def auction(
     for _, _, rid in order[:best]:
         admitted[rid] += 1
     return AuctionResult(admitted, best, gain[best], cost.verify_s(b + best) + fixed, rate)
+
+
+def best_ceiling(
+    scores: Mapping[str, Sequence[float]], cost: CostModel, batch_size: int | None = None
+) -> tuple[int, list[float]]:
+    """How many positions the drafter should propose: the K whose auction rate is highest.
+
+    The drafter's cost is paid for every position it proposes (``k_drafted``),
+    admitted or not, so a model drafter should not propose positions that the
+    auction would deny anyway. Returns (K, best expected tokens/s for each K).
+    """
+    k_max = max((len(s) for s in scores.values()), default=0)
+    rates = [max(auction({r: s[:k] for r, s in scores.items()}, cost, batch_size, k_drafted=k).rate_by_slots)
+             for k in range(k_max + 1)]
+    return max(range(k_max + 1), key=lambda k: (rates[k], -k)), rates
 
 
 @dataclass

@@ -7,6 +7,8 @@ Contract:
   progress as ``StartProgress`` records, and returns once ``/health`` answers.
   Failure raises ``EngineStartError`` with a message naming the cause (bad
   model path, port taken, out of memory, ...) and leaves no process behind.
+  Memory and disk are checked first (``engine_adapter.resources``): a machine
+  too small for the models is told so before anything is started.
 - ``stop()`` ends the whole process group (API server, engine core, worker).
   If the app dies, the supervisor sees its stdin pipe close and does the same.
 - The environment the engine needs on CPU (LD_PRELOAD of the bundled OpenMP,
@@ -30,6 +32,8 @@ from pathlib import Path
 import httpx
 
 from engine_adapter.engine_config import EngineConfig, server_args
+from engine_adapter.resources import NotEnoughResources, check_resources
+from engine_adapter.supervise import group_members
 from engine_adapter.tap_wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 
@@ -130,6 +134,7 @@ class EngineProcess:
         self.port = port
         self._workdir = Path(tempfile.mkdtemp(prefix="spec-explorer-"))
         self.log_path = log_path or self._workdir / "vllm.log"
+        self._exit_file = self._workdir / "vllm.exit"  # the supervisor writes vLLM's exit status here
         self.tap_addr = f"ipc://{self._workdir}/tap.sock" if config.tap else None
         live = config.tap and config.k_max is not None and config.method != "off"
         self.control_addr = f"ipc://{self._workdir}/control.sock" if live else None
@@ -155,6 +160,31 @@ class EngineProcess:
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        """vLLM's exit status as soon as it died by itself (128+S for signal S), else the
+        supervisor's (negative: the supervisor was killed); None while they run."""
+        if self._proc is None:
+            return None
+        try:
+            return int(self._exit_file.read_text())
+        except (OSError, ValueError):
+            return self._proc.poll()
+
+    def kill(self) -> None:
+        """SIGKILL the whole group now (a hung or stopped engine ignores SIGTERM); stop() still cleans up."""
+        if self._proc is None:
+            return
+        for sig in (signal.SIGKILL, signal.SIGCONT):
+            try:
+                os.killpg(self._proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        self._proc.wait()
+        deadline = time.monotonic() + 10  # the others take a moment to die (memory to free)
+        while group_members(self._proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def _resolve_models(self, report: ProgressFn) -> None:
         if self._resolve is None:
             from engine_adapter.models import resolve_model
@@ -177,7 +207,12 @@ class EngineProcess:
     def start(self, progress: ProgressFn | None = None, timeout_s: float = 900) -> None:
         report = progress or (lambda p: None)
         try:
+            check_resources(self.config)  # before a packaged model is converted onto a full disk
             self._resolve_models(report)
+            check_resources(self.config, self.target_dir, self.draft_dir)  # the sizes on disk now
+        except NotEnoughResources as e:
+            self._cleanup_dir()
+            raise EngineStartError(str(e)) from e
         except Exception as e:
             self._cleanup_dir()
             raise EngineStartError(f"could not prepare the models: {e}") from e
@@ -189,7 +224,7 @@ class EngineProcess:
         args = server_args(
             self.config, str(self.target_dir), str(self.draft_dir) if self.draft_dir else None, self.port
         )
-        cmd = [sys.executable, "-m", "engine_adapter.supervise", "--",
+        cmd = [sys.executable, "-m", "engine_adapter.supervise", "--exit-file", str(self._exit_file), "--",
                sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
         self._log = open(self.log_path, "wb")
         report(StartProgress("spawn", 0.3, "starting vLLM"))
@@ -254,6 +289,11 @@ class EngineProcess:
             except ProcessLookupError:
                 pass
             proc.wait()
+        if proc is not None and group_members(proc.pid):  # the supervisor died alone: its group lives on
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         if proc is not None and proc.stdin:
             proc.stdin.close()
         if self._log:

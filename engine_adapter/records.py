@@ -177,3 +177,4 @@ class EngineStep:
     # in all, and every drafting request's scores (empty otherwise)
     auction_slots: int | None = None
     bids: tuple[SlotBid, ...] = ()
+    auction_ceiling: int | None = None  # positions the drafter was told to propose next

@@ -33,7 +33,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
 from engine_adapter.cost_model import CostModel
-from engine_adapter.k_policy import SlotEstimator, auction
+from engine_adapter.k_policy import SlotEstimator, auction, best_ceiling
 from engine_adapter.tap_wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV, decode_control, encode_step
 
 
@@ -55,6 +55,7 @@ class _StepPublisher:
         self.started: dict[int, float] = {}
         # id(scheduler_output) -> the slot auction's decision for that step
         self.auctions: dict[int, list] = {}
+        self.policy_s = 0.0  # time in control commands and the auction since the last publish
 
     def publish(self, payload: bytes) -> None:
         try:
@@ -118,34 +119,48 @@ class _TapMixin:
         )
 
     def _run_auction(self) -> list | None:
-        """Trim each running request's drafts to its admitted slots (before vLLM schedules).
+        """Trim each running request's drafts to its admitted slots (before vLLM schedules),
+        and set how deep the drafter proposes next (the ceiling).
 
         In sync mode ``spec_token_ids`` are the real drafts; in async mode they
         are placeholders whose count is what gets verified (vLLM trims the
         worker's drafts to it), so trimming the list trims verification alike.
+        The ceiling goes into vLLM's batch-size -> K lookup, which sizes the
+        drafter's next proposal: a draft model pays for every position it
+        proposes, admitted or not.
         """
         cost = self._auction_cost
-        drafting = [r for r in self.running if r.spec_token_ids]
-        if cost is None or not drafting:
+        if cost is None or not self.running:
             return None
         est = self._estimator
-        scores = {r.request_id: est.scores(r.request_id, len(r.spec_token_ids)) for r in drafting}
+        b = len(self.running)
+        full = {r.request_id: est.scores(r.request_id, self.num_spec_tokens) for r in self.running}
+        ceiling, _ = best_ceiling(full, cost, b)
+        self.dynamic_sd_lookup = [ceiling] * len(self.dynamic_sd_lookup)
+        drafting = [r for r in self.running if r.spec_token_ids]
+        if not drafting:
+            return [0, [], ceiling]
+        scores = {r.request_id: full[r.request_id][:len(r.spec_token_ids)] for r in drafting}
         k_drafted = max(len(r.spec_token_ids) for r in drafting)
-        res = auction(scores, cost, batch_size=len(self.running), k_drafted=k_drafted)
+        res = auction(scores, cost, batch_size=b, k_drafted=k_drafted)
         for r in drafting:
             n = res.admitted[r.request_id]
             if n < len(r.spec_token_ids):
                 r.spec_token_ids = list(r.spec_token_ids[:n])
-        return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()]]
+        return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()],
+                ceiling]
 
     def schedule(self, *args, **kwargs):
         decision = None
         if self._control is not None:
+            t_policy = time.perf_counter()
             self._apply_control()
             try:
                 decision = self._run_auction()
             except Exception:  # never stop the engine: the step runs with vLLM's drafts
                 decision = None
+            if self._tap is not None:  # our policy time counts as the tap's own, not vLLM's
+                self._tap.policy_s += time.perf_counter() - t_policy
         t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
         if self._tap is not None:
@@ -232,7 +247,8 @@ class _TapMixin:
         )
         tap.publish(payload)
         tap.last_end = now
-        tap.last_tap_s = time.perf_counter() - t_in + pre_s
+        tap.last_tap_s = time.perf_counter() - t_in + pre_s + tap.policy_s
+        tap.policy_s = 0.0
 
     def shutdown(self) -> None:
         if self._tap is not None:

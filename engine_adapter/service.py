@@ -34,12 +34,26 @@ from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.launcher import StartProgress
 from engine_adapter.load import BackgroundLoad, LoadStats
+from engine_adapter.load_share import SessionLoads
 from engine_adapter.policy_control import PolicySpec, PolicyState
 from engine_adapter.policy_desk import PolicyDesk, PolicyView
 from engine_adapter.prom import PromSnapshot, fetch_snapshot
 from engine_adapter.records import EngineStep, RequestResult, Step
+from engine_adapter.watchdog import EngineGuard
 
-State = Literal["idle", "starting", "ready", "failed", "stopped"]
+# "restarting": the engine died or hung; the watchdog restarts it after a back-off (status.error says why)
+State = Literal["idle", "starting", "ready", "failed", "restarting", "stopped"]
+
+
+@dataclass(frozen=True)
+class BackgroundShare:
+    """One session's part of the shared background load."""
+
+    asked: int
+    granted: int
+    total: int  # granted to all sessions (= requests the load keeps in flight)
+    sessions: int  # sessions asking for load
+    cap: int
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,7 @@ class ServiceStatus:
     url: str | None
     attached: bool
     generation: int  # bumps at every (re)start, so a UI can tell engines apart
+    fault: str | None = None  # the engine fault being recovered from (a user's restart clears it)
 
 
 class EngineService:
@@ -62,17 +77,22 @@ class EngineService:
         background_max_tokens: int = 128,
         history_s: float = 600.0,
         policy_options: dict | None = None,
+        session_idle_s: float = 120.0,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)
         self._thread.start()
         self._engine: LiveEngine | None = None
         self._status = ServiceStatus("idle", None, None, None, None, False, 0)
+        self.guard = EngineGuard(self)  # dead or hung engine -> clear status, restart with back-off
+        self._launch: tuple = (None, None)  # (config, attach) of the last (re)start, for the guard
         self._lock = asyncio.Lock()  # created lazily in our loop (see _locked)
         self._bg: BackgroundLoad | None = None
         self._bg_prompts = list(background_prompts)
         self.max_background = max_background
         self.background_max_tokens = background_max_tokens
+        # each browser session's ask; the cap is shared fairly (engine_adapter/load_share.py)
+        self._sessions = SessionLoads(cap=max_background, idle_s=session_idle_s)
         self._history_s = history_s
         self._steps: collections.deque[EngineStep] = collections.deque()
         self._prom: collections.deque[PromSnapshot] = collections.deque()
@@ -85,6 +105,7 @@ class EngineService:
         self._reference: LiveEngine | None = None
         self._reference_lock = asyncio.Lock()
         self._prom_task: asyncio.Task | None = None
+        self._janitor_task: asyncio.Task | None = None
         # live K policies and the measured cost model (engines started with k_max)
         self.policy_desk = PolicyDesk(self.steps_since, self._bg_prompts, **(policy_options or {}))
         self._submit(self._start_prom())
@@ -113,13 +134,17 @@ class EngineService:
     async def restart(self, config: EngineConfig) -> None:
         await self._call(self._restart(config, None))
 
-    async def _restart(self, config: EngineConfig | None, attach: tuple | None) -> None:
+    async def _restart(self, config: EngineConfig | None, attach: tuple | None,
+                       expect_generation: int | None = None) -> None:
         async with self._lock:
+            if expect_generation is not None and self._status.generation != expect_generation:
+                return  # the guard's restart, overtaken by a user's
+            self._launch = (config, attach)
             old = self._status.config
             gen = self._status.generation + 1
             self._set(state="starting", progress=StartProgress("stop", 0.0, "stopping the previous engine"),
-                      error=None, config=config, generation=gen, attached=attach is not None, url=None)
-            n_bg = self._bg.target if self._bg else 0
+                      error=None, config=config, generation=gen, attached=attach is not None, url=None,
+                      fault=self._status.fault if expect_generation is not None else None)
             # the speculation-off twin survives a change of method or K
             await self._teardown(reference=config is None or old is None or config.target != old.target)
             try:
@@ -136,10 +161,10 @@ class EngineService:
             self._steps.clear()
             if engine.client.tap is not None:
                 self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
+            self._tasks.append(self.guard.watch(engine, gen))
             await self.policy_desk.engine_ready(engine, None if attach is not None else config)
             self._set(state="ready", url=engine.url, progress=StartProgress("ready", 1.0, "engine ready"))
-            if n_bg:
-                self._ensure_bg().set_concurrency(n_bg)  # the load survives a restart
+            await self._apply_bg()  # the sessions' load survives a restart
 
     async def _teardown(self, reference: bool = True) -> None:
         if self._bg is not None:
@@ -158,12 +183,15 @@ class EngineService:
 
     async def _start_prom(self) -> None:
         self._prom_task = asyncio.create_task(self._poll_prom())
+        self._janitor_task = asyncio.create_task(self._janitor())
 
     async def _shutdown(self) -> None:
-        if self._prom_task is not None:
-            self._prom_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prom_task
+        for task in (self._prom_task, self._janitor_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.guard.stop()
         await self._teardown()
 
     def close(self) -> None:
@@ -283,12 +311,14 @@ class EngineService:
             )
         return self._bg
 
-    async def _set_bg(self, n: int) -> int:
+    async def _apply_bg(self) -> int:
+        """Run the sessions' granted total as real requests; mark the change on the charts."""
+        total = self._sessions.total()
         if self._engine is None or not self._bg_prompts:
-            return 0
+            return total
         bg = self._ensure_bg()
         before = bg.target
-        n = bg.set_concurrency(n)
+        n = bg.set_concurrency(total)
         if n != before:
             now = time.monotonic()
             # one marker per gesture: a drag sends many values within a second or two
@@ -298,8 +328,38 @@ class EngineService:
                 self.load_changes.append((now, n))
         return n
 
-    async def set_background(self, n: int) -> int:
-        return await self._call(self._set_bg(n))
+    async def _set_bg(self, n: int, session: str) -> int:
+        self._sessions.set(session, n, time.monotonic())
+        await self._apply_bg()
+        return self._sessions.granted().get(session, 0)
+
+    async def set_background(self, n: int, session: str = "default") -> int:
+        """This session asks for ``n`` background requests; returns how many it was granted
+        (the global cap ``max_background`` is shared fairly between sessions)."""
+        return await self._call(self._set_bg(n, session))
+
+    async def _release(self, session: str) -> None:
+        if self._sessions.release(session):
+            await self._apply_bg()
+
+    def release_background(self, session: str) -> None:
+        """The session left (tab closed, page reloaded): its load stops."""
+        self._submit(self._release(session))
+
+    def touch_session(self, session: str) -> None:
+        """The session is still there (its page polls); idle sessions lose their load."""
+        self._loop.call_soon_threadsafe(self._sessions.touch, session, time.monotonic())
+
+    def background_share(self, session: str) -> BackgroundShare:
+        granted = self._sessions.granted()
+        return BackgroundShare(self._sessions.asks.get(session, 0), granted.get(session, 0),
+                               sum(granted.values()), len(self._sessions.asks), self._sessions.cap)
+
+    async def _janitor(self) -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            if self._sessions.expire(time.monotonic()):
+                await self._apply_bg()
 
     def background_stats(self) -> LoadStats | None:
         return self._bg.stats() if self._bg else None

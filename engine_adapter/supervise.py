@@ -1,14 +1,17 @@
 """Run a command so that it can never outlive the process that started it.
 
 Usage (by the launcher, never by hand):
-    python -m engine_adapter.supervise -- CMD ARGS...
+    python -m engine_adapter.supervise [--exit-file PATH] -- CMD ARGS...
 
 The launcher starts this in a new session (its own process group) with a pipe
 on stdin. We start CMD in the same group and wait. If the pipe closes (the app
 exited, crashed or was killed with SIGKILL) or we get SIGTERM/SIGINT, we end
 the whole process group: SIGTERM, then SIGKILL after a grace period. vLLM's
 API server spawns an engine-core and a worker process; all of them are in the
-group, so none is orphaned.
+group, so none is orphaned. The exit status is vLLM's, or 128+S when vLLM
+died of signal S (the engine watchdog reports it in words); with ``--exit-file``
+that status is also written to PATH the moment CMD dies by itself, before the
+group is ended.
 
 ``group_members(pgid)`` lists the live processes of a group (the tests use it too).
 """
@@ -62,6 +65,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m engine_adapter.supervise -- CMD ...", file=sys.stderr)
         return 2
     cmd = argv[argv.index("--") + 1 :]
+    opts = argv[: argv.index("--")]
+    exit_file = opts[opts.index("--exit-file") + 1] if "--exit-file" in opts else None
     child = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     stop = threading.Event()
 
@@ -84,6 +89,13 @@ def main(argv: list[str]) -> int:
     while not stop.is_set() and child.poll() is None:
         stop.wait(0.2)
     code = child.poll()
+    if code is not None and code < 0:  # say it in the log; exit 128+S like a shell, for the watchdog
+        print(f"engine_adapter.supervise: the vLLM server (pid {child.pid}) was killed by signal {-code}",
+              file=sys.stderr, flush=True)
+        code = 128 - code
+    if exit_file and code is not None and not stop.is_set():  # it died by itself: tell the watchdog now,
+        with open(exit_file, "w") as f:  # not after the group is gone (that takes seconds)
+            f.write(f"{code}\n")
     _kill_group()
     return code if code is not None else 143
 

@@ -65,6 +65,7 @@ def summarize(step: TapStep) -> EngineStep:
         tap_s=step.tap_s,
         controls=step.controls,
         auction_slots=step.auction[0] if step.auction else None,
+        auction_ceiling=step.auction[2] if step.auction else None,
         bids=tuple(
             SlotBid(our_request_id(rid), tuple(scores), admitted)
             for rid, scores, admitted in (step.auction[1] if step.auction else ())

@@ -18,13 +18,15 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 - k:           num_spec_tokens_to_schedule, the K in force for the step
 - num_tokens:  total tokens scheduled (prefill chunks + 1 + drafts per request)
 - tap_s:       seconds the tap itself spent on the PREVIOUS step, send included
+               (live K policies' commands and the slot auction included)
 - dropped:     messages dropped so far because no reader kept up
 - reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
                finish_reason_or_None, num_prompt_tokens]
 - controls:    control messages applied so far (an acknowledgement: the step
                that first carries n was scheduled under the n-th command)
 - auction:     None, or the slot auction's decision for this step:
-               [slots_admitted, [[engine_request_id, [survival per position], admitted], ...]]
+               [slots_admitted, [[engine_request_id, [survival per position], admitted], ...],
+                ceiling (positions the drafter proposes from the next step on)]
 """
 
 from __future__ import annotations

@@ -137,7 +137,8 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
                                colorbar=dict(title="survival")))
     fig.update_layout(
         title=dict(text=f"{title}<br><sup>engine step {step.seq}: {step.batch_size} requests, "
-                        f"{step.auction_slots} of {sum(len(b.scores) for b in step.bids)} slots admitted</sup>"),
+                        f"{step.auction_slots} of {sum(len(b.scores) for b in step.bids)} slots admitted; "
+                        f"the drafter proposes {step.auction_ceiling} next</sup>"),
         height=HEIGHT, yaxis=dict(autorange="reversed"), margin=dict(l=110, r=10, t=70, b=40))
     return fig
 
@@ -145,7 +146,8 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
 def table_in_force_markdown(table: KTable | None, batch_size: float | None, auction: bool, k_max: int) -> str:
     """vLLM's rows with the one in force at the current batch size marked."""
     if auction:
-        return (f"**Slot auction:** the drafter proposes K = {k_max}; each request keeps the positions the "
+        return (f"**Slot auction:** each step the drafter proposes as many positions (up to {k_max}) as pay "
+                f"for their own cost (K in the live charts), and each request keeps the positions the "
                 f"auction admits (grid below).")
     if not table:
         return "No K table in force."

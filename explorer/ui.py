@@ -21,6 +21,7 @@ from engine_adapter.records import RequestResult, Step
 from engine_adapter.service import EngineService
 from explorer.chart_export import add_csv_export
 from explorer.live_charts import bin_prom, bin_steps, foreground_rate, live_figure
+from explorer.input_checks import MAX_TOKENS, check_run
 from explorer.lossless import compare
 from explorer.policy_panel import build_policy_panel
 from explorer.presenter import Presenter, build_presenter_box
@@ -30,7 +31,6 @@ from explorer.sweep_view import build_sweep_panel
 from explorer.request_card import card_markdown, histogram_figure, position_figure
 from explorer.token_view import TokenView, token_view_value
 
-MAX_PROMPT_CHARS = 8000
 MAX_BACKGROUND = 64
 EXPLAIN = (Path(__file__).resolve().parent.parent / "assets" / "explain.md").read_text()
 SWEEP_DIR = Path(__file__).resolve().parent.parent / "docs" / "sweeps"  # sweeps shipped with the explorer
@@ -97,7 +97,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                 add_replay_panel(service, prompt)  # replay only: what Run does, the recorded requests
                 with gr.Accordion("Generation", open=True):
                     temperature = gr.Slider(0.0, 1.5, value=defaults.temperature, step=0.05, label="Temperature")
-                    max_tokens = gr.Slider(8, 1024, value=defaults.max_tokens, step=8, label="Max tokens")
+                    max_tokens = gr.Slider(8, MAX_TOKENS, value=defaults.max_tokens, step=8, label="Max tokens")
                 with gr.Accordion("Engine (restarts the engine)", open=True):
                     unlocked = build_presenter_box(defaults.presenter)
                     method = gr.Radio([(METHOD_LABELS[m], m) for m in methods], value=defaults.config.method,
@@ -147,12 +147,8 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             # --- replay: Run plays the recorded request for this prompt, or the next one
             if getattr(service, "replay_info", None) is not None:
                 text = service.replay_prompt(text)
-            if not text.strip():
-                yield refuse("Type a prompt (or pick a preset) first.")
-                return
-            if len(text) > MAX_PROMPT_CHARS:
-                yield refuse(f"The prompt is {len(text)} characters long; the limit here is "
-                             f"{MAX_PROMPT_CHARS}. Shorten it and run again.")
+            if problem := check_run(text, temp, n_tokens):
+                yield refuse(problem)
                 return
             if service.status().state != "ready":
                 yield refuse("The engine is not ready yet: see the status line above.")
@@ -174,7 +170,8 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
                             card_markdown(item), histogram_figure(item), position_figure(item), item, times, \
                             request_line(item), item.request_id
             except Exception as e:  # the page says what went wrong, and keeps what streamed
-                yield token_view_value(steps, prompt=text, message=f"The request ended early: {e}",
+                what = "The request ended early" if steps else "The engine refused the request"
+                yield token_view_value(steps, prompt=text, message=f"{what}: {e}",
                                        level="error"), \
                     gr.skip(), gr.skip(), gr.skip(), gr.skip(), times, gr.skip(), gr.skip()
 

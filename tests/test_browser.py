@@ -127,11 +127,52 @@ def test_html_and_script_in_the_prompt_render_as_text(page):
     assert "${alert(3)}" in page.locator("#token-view .tv-prompt").inner_text()
 
 
+def test_k_policies_switch_live_under_load(page):
+    """Edit the K table in the browser, apply it, then the auction: no restart, the panel follows."""
+    number = page.locator("#load input[type=number]")
+    number.fill("6")
+    number.press("Enter")
+    page.wait_for_function(
+        "() => document.querySelector('#load-readout').innerText.includes('6 requested')", timeout=30_000)
+    # a bad table first: vLLM's rule, said plainly
+    page.locator("#policy input[value=table]").check()
+    cell = page.locator("#k-table td").first
+    cell.dblclick()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("2")
+    page.keyboard.press("Enter")
+    page.locator("#apply-policy").click()
+    page.wait_for_selector("#policy-status:has-text('first row must start at batch size 1')", timeout=30_000)
+    cell.dblclick()
+    page.keyboard.press("Control+A")
+    page.keyboard.type("1")
+    page.keyboard.press("Enter")
+    page.locator("#apply-policy").click()
+    page.wait_for_selector("#policy-status:has-text('applied at engine step')", timeout=60_000)
+    page.wait_for_selector("#table-in-force:has-text('in force')", timeout=30_000)
+    assert "Engine ready" in page.locator("#engine-status").inner_text()  # no restart
+    page.locator("#policy input[value=auction]").check()
+    page.locator("#apply-policy").click()
+    page.wait_for_selector("#policy-status:has-text('slot auction (applied at engine step')", timeout=60_000)
+    page.wait_for_selector("#auction-grid:has-text('slots admitted')", timeout=60_000)
+    page.wait_for_selector("#step-time:has-text('knee')", timeout=30_000)
+    page.locator("#policy-status").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "5-k-policies.png"), full_page=True)
+    page.locator("#policy input[value=fixed]").check()
+    page.locator("#apply-policy").click()
+    page.wait_for_selector("#policy-status:has-text('fixed K=3 (applied')", timeout=60_000)
+    number.fill("0")
+    number.press("Enter")
+    page.wait_for_function(
+        "() => document.querySelector('#load-readout').innerText.includes('No background load')",
+        timeout=30_000)
+
+
 def test_changing_the_method_restarts_the_engine_visibly(page):
     page.get_by_label("ngram (prompt lookup)").check()
     page.locator("#apply").click()
     page.wait_for_selector("#engine-status:has-text('Engine starting')", timeout=30_000)
-    page.screenshot(path=str(SHOTS / "5-restarting.png"))
+    page.screenshot(path=str(SHOTS / "6-restarting.png"))
     page.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=180_000)
     assert "method ngram" in page.locator("#engine-status").inner_text()
     # the page still works after the restart

@@ -12,6 +12,7 @@ from engine_adapter.k_policy import (
     SlotEstimator,
     alphas_from_counts,
     auction,
+    best_ceiling,
     derive_auto_table,
     expected_tokens,
     rows_from_ks,
@@ -192,3 +193,17 @@ def test_cost_model_round_trips():
 )
 def test_alphas_from_counts(accepted, reached, expected):
     assert alphas_from_counts(accepted, reached) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("cost, expected", [
+    (CostModel(0.1, 0.0, 0), 4),  # free drafting and verification: propose everything
+    (CostModel(0.1, 0.0, 0, draft_s=0.2), 0),  # a drafter dearer than the step: propose nothing
+    # 30 ms per proposed position, free verification: K=2 gives (2 + 2.41) / 0.16 = 27.6
+    # tokens/s; a third position adds 0.73 + 0.05 tokens for 30 ms: 5.19 / 0.19 = 27.3
+    (CostModel(0.1, 0.0, 0, draft_s=0.03), 2),
+])
+def test_best_ceiling_counts_the_drafters_cost(cost, expected):
+    scores = {"a": [0.9, 0.81, 0.73, 0.66], "b": [0.5, 0.2, 0.05, 0.0]}
+    k, rates = best_ceiling(scores, cost)
+    assert k == expected, rates
+    assert rates[k] == max(rates)

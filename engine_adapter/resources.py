@@ -1,0 +1,176 @@
+"""Will the engine fit? Memory and disk checked before anything is started.
+
+Contract:
+- ``check_resources(config, target_dir=None, draft_dir=None)`` raises
+  ``NotEnoughResources`` with a message naming what is missing, how much is
+  needed and how much there is, and what to do; it returns the ``Need`` it
+  checked otherwise. The launcher calls it before resolving the models (so a
+  packaged model is not converted onto a full disk, and the sizes known then
+  are checked) and again with the resolved directories before starting vLLM.
+- Memory: weight files on disk (target, plus the draft model for the draft
+  method) + the KV cache (``kv_cache_gib``) + ``OVERHEAD_GIB`` for the Python
+  processes, against ``MemAvailable`` in /proc/meminfo.
+- Disk: when a packaged model (``packaged:...``, or a default hub id while the
+  hub is off) still has to be assembled and converted, the cache directory
+  (``engine_adapter.models.default_cache_dir``) needs room for the bf16
+  weights plus the largest GGUF, which lives there while it is converted.
+- A size that cannot be known without the network (a hub model not yet
+  downloaded) is left out of the estimate, never guessed.
+
+Overrides (tests, unusual machines): ``SPEC_EXPLORER_MEM_AVAILABLE_GIB`` and
+``SPEC_EXPLORER_DISK_FREE_GIB`` replace what the machine reports;
+``SPEC_EXPLORER_SKIP_RESOURCE_CHECK=1`` skips the check.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine_adapter.engine_config import EngineConfig
+
+GIB = 1 << 30
+OVERHEAD_GIB = 1.5  # API server, engine core and worker: Python, torch, vLLM
+MEM_ENV = "SPEC_EXPLORER_MEM_AVAILABLE_GIB"
+DISK_ENV = "SPEC_EXPLORER_DISK_FREE_GIB"
+SKIP_ENV = "SPEC_EXPLORER_SKIP_RESOURCE_CHECK"
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# bf16 safetensors written from the packaged GGUFs on this project's reference machine
+PACKAGED_BF16_BYTES = {"1.5b": 3_554_214_752, "0.5b": 1_260_367_448}
+
+
+class NotEnoughResources(RuntimeError):
+    """The machine lacks memory or disk for this engine; the message says how much."""
+
+
+@dataclass
+class Need:
+    models: list[tuple[str, str, int]] = field(default_factory=list)  # (role, spec, weight bytes) known
+    unknown: list[str] = field(default_factory=list)  # specs whose size is not known yet
+    kv_gib: float = 0.0
+    overhead_gib: float = OVERHEAD_GIB
+    build: list[str] = field(default_factory=list)  # packaged models still to convert
+    disk_bytes: int = 0  # for the conversions
+    cache_dir: Path | None = None
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(b for _, _, b in self.models) + int((self.kv_gib + self.overhead_gib) * GIB)
+
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def _env_gib(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    return int(float(value) * GIB) if value else None
+
+
+def mem_available() -> int | None:
+    """Bytes the kernel says can be used without swapping (None where /proc/meminfo is missing)."""
+    override = _env_gib(MEM_ENV)
+    if override is not None:
+        return override
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def disk_free(path: Path) -> int:
+    override = _env_gib(DISK_ENV)
+    if override is not None:
+        return override
+    p = Path(path).expanduser()
+    while not p.exists() and p != p.parent:  # the cache dir may not exist yet
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def weight_bytes(model_dir: Path) -> int:
+    """Bytes of the weight files in a model directory (links followed, as HF snapshots use)."""
+    total = 0
+    for f in Path(model_dir).iterdir():
+        if f.name.endswith(WEIGHT_SUFFIXES):
+            try:
+                total += f.stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _spec_size(spec: str, cache_dir: Path) -> tuple[int | None, object | None]:
+    """(weight bytes or None if unknown, the PackagedModel still to build or None)."""
+    from engine_adapter import models
+
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return weight_bytes(path), None
+    packaged = models._packaged_for(spec)
+    if packaged is None:
+        return None, None
+    final = cache_dir / packaged.final_name
+    if models._is_complete(final, packaged):
+        return weight_bytes(final), None
+    # explicit packaged:..., or a default hub id offline: converted here (online it may come from the hub)
+    will_build = spec.lower().startswith("packaged:") or models.hub_offline_env()
+    return PACKAGED_BF16_BYTES.get(packaged.key), packaged if will_build else None
+
+
+def estimate(config: EngineConfig, target_dir: Path | None = None, draft_dir: Path | None = None,
+             cache_dir: Path | None = None) -> Need:
+    from engine_adapter.models import default_cache_dir
+
+    cache = Path(cache_dir) if cache_dir else default_cache_dir()
+    need = Need(kv_gib=float(config.kv_cache_gib), cache_dir=cache)
+    wanted = [("target", config.target, target_dir)]
+    if config.method == "draft":
+        wanted.append(("draft", config.draft, draft_dir))
+    builds = []
+    for role, spec, resolved in wanted:
+        if resolved is not None:
+            size, build = weight_bytes(Path(resolved)), None
+        else:
+            size, build = _spec_size(spec, cache)
+        if size is None:
+            need.unknown.append(spec)
+        else:
+            need.models.append((role, spec, size))
+        if build is not None and build not in builds:
+            builds.append(build)
+    if builds:
+        need.build = [f"packaged:{m.key}" for m in builds]
+        need.disk_bytes = (sum(PACKAGED_BF16_BYTES.get(m.key, 2 * m.size) for m in builds)
+                           + max(m.size for m in builds) + GIB // 4)
+    return need
+
+
+def check_resources(config: EngineConfig, target_dir: Path | None = None, draft_dir: Path | None = None,
+                    *, cache_dir: Path | None = None, available: int | None = None,
+                    free: int | None = None) -> Need:
+    """Raise NotEnoughResources when memory or disk clearly cannot hold this engine."""
+    need = estimate(config, target_dir, draft_dir, cache_dir)
+    if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"}:
+        return need
+    if need.build:
+        have = free if free is not None else disk_free(need.cache_dir)
+        if have < need.disk_bytes:
+            raise NotEnoughResources(
+                f"not enough free disk space to prepare {' and '.join(need.build)}: converting needs about "
+                f"{gib(need.disk_bytes)} in {need.cache_dir}, {gib(have)} is free there; free some space or "
+                f"point SPEC_EXPLORER_CACHE at a disk with room")
+    have = available if available is not None else mem_available()
+    if have is not None and have < need.memory_bytes:
+        parts = " + ".join([f"{role} model {gib(b)}" for role, _, b in need.models]
+                           + [f"KV cache {need.kv_gib:g} GiB", f"about {need.overhead_gib:g} GiB for the processes"])
+        raise NotEnoughResources(
+            f"not enough free memory for the engine: it needs about {gib(need.memory_bytes)} ({parts}), "
+            f"{gib(have)} is available; lower --kv-cache-gib, choose smaller models, or close other programs")
+    return need

@@ -1,0 +1,28 @@
+"""The 2-minute soak: 20 simulated users on the launched app (tiny models), then nothing leaked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_twenty_users_for_two_minutes_leave_nothing_behind(tiny):
+    cmd = [sys.executable, "scripts/soak.py", "--users", "20", "--duration", "120", "--drain-s", "180", "--",
+           "--method", "draft", "--k", "3", "--target", str(tiny.target), "--draft", str(tiny.perturbed),
+           "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    print(report)
+    assert report["served"] > 20, report
+    assert report["tab_closes"] > 0 and report["load_moves"] > 0, report
+    assert report["errors"] == {}, report
+    assert report["engine_running_after"] == 0 and report["engine_waiting_after"] == 0, report
+    assert report["app_rss_growth"] < 0.10, report
+    assert done.returncode == 0, done.stderr[-3000:]
