@@ -103,6 +103,7 @@ class EngineClient:
         )
         # request id -> (its HTTP state, its wake queue): what fail_all ends
         self._inflight: dict[str, tuple[_HttpState, asyncio.Queue]] = {}
+        self.last_chunk_t: float | None = None  # monotonic time of the last SSE line from the server (watchdog)
 
     @property
     def in_flight(self) -> int:
@@ -207,6 +208,7 @@ class EngineClient:
                     state.error = f"engine answered {r.status_code}: {msg}"
                     return
                 async for line in r.aiter_lines():
+                    self.last_chunk_t = time.monotonic()  # the server is alive, however slow /health is
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     data = json.loads(line[6:])

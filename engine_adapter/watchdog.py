@@ -9,7 +9,8 @@ Contract (all of it runs on ``EngineService``'s own event loop):
   thresholds (a ``WatchdogSettings``; tests shorten them).
 - A fault is: the engine process exited (its exit code or signal, in words);
   vLLM's ``/health`` answering 503 (its engine core died); ``/health`` not
-  answering for ``hang_after_s`` (a hang: the process group is killed first);
+  answering, and no stream sending anything, for ``hang_after_s`` (a hang: the
+  process group is killed, after the requests are ended);
   requests in flight but no engine step through the tap for ``stall_after_s``
   (an engine core that hangs while the HTTP server still answers).
 - On a fault the service status becomes ``restarting`` with the cause, the
@@ -131,13 +132,17 @@ class HealthJudge:
 
     def observe(
         self, now: float, *, returncode: int | None, health: int | None, in_flight: int = 0,
-        steps_seen: int | None = None,
+        steps_seen: int | None = None, http_t: float | None = None,
     ) -> Fault | None:
         """``returncode``: None while the process runs (or unknown); ``health``: /health's
-        status code, None when it did not answer in time or refused the connection."""
+        status code, None when it did not answer in time or refused the connection;
+        ``http_t``: when the server last sent a line on any stream (a busy server whose
+        /health is slow is not hung)."""
         if returncode is not None:
             return Fault("exited", describe_exit(returncode))
         who = "the attached vLLM server" if self.attached else "the engine"
+        if http_t is not None and http_t > self.last_ok:
+            self.last_ok = http_t
         if health == 200:
             self.last_ok, self.n_503 = now, 0
         elif health == 503:
@@ -181,7 +186,8 @@ async def watch_engine(
                 rc = proc.returncode if proc is not None else None  # it may have died meanwhile
             tap = engine.client.tap
             fault = judge.observe(clock(), returncode=rc, health=health, in_flight=engine.client.in_flight,
-                                  steps_seen=tap.steps_seen if tap is not None else None)
+                                  steps_seen=tap.steps_seen if tap is not None else None,
+                                  http_t=engine.client.last_chunk_t)
             if fault is None:
                 continue
             if proc is not None:
