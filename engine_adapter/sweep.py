@@ -22,7 +22,8 @@ FILE is JSONL with a "prompt" per line and optionally a "category";
 --by-category measures each category on its own and adds a ``category`` column.
 
 CSV columns: policy, concurrency, total_tokens_per_s, per_request_tokens_per_s,
-mean_accepted_per_step, effective_k, draft_acceptance_rate (+ category). A
+mean_accepted_per_step, effective_k, draft_acceptance_rate (+ category), then
+acceptance_per_position (kept/tested per draft position, space-separated). A
 table is printed, then a JSON last line.
 """
 
@@ -112,6 +113,8 @@ async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: in
         engine.client.tap.unwatch(watch)
     if counts is not None:
         counts.add(steps)
+    here = PositionCounts(max((len(s.reached_per_pos) for s in steps), default=0))
+    here.add(steps)
     drafted = sum(s.num_drafted for s in steps)
     accepted = sum(s.num_accepted for s in steps)
     drafting = sum(s.num_drafting for s in steps)
@@ -123,6 +126,8 @@ async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: in
         "mean_accepted_per_step": round(accepted / request_steps, 4) if request_steps else 0.0,
         "effective_k": round(drafted / drafting, 4) if drafting else 0.0,
         "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+        # raw measured acceptance per draft position (kept / tested), no prior
+        "acceptance_per_position": " ".join(f"{a / r:.4f}" for a, r in zip(here.accepted, here.reached) if r),
     }
 
 
@@ -199,7 +204,7 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
     finally:
         for e in engines.values():
             await e.close()
-    cols = COLUMNS + (["category"] if args.by_category else [])
+    cols = COLUMNS + (["category"] if args.by_category else []) + ["acceptance_per_position"]
     order = {p.name: i for i, p in enumerate(policies)}
     df = pd.DataFrame(rows, columns=cols)
     keys = ["category"] if args.by_category else []

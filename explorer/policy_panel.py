@@ -108,7 +108,8 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
                 with gr.Row():
                     apply_btn = gr.Button("Apply policy", variant="primary", elem_id="apply-policy")
                     profile_btn = gr.Button("Profile the cost model again", elem_id="profile")
-                status = gr.Markdown(policy_status(service), elem_id="policy-status")
+                said = gr.Markdown("", elem_id="policy-said")  # the answer to this page's last click
+                status = gr.Markdown(policy_status(service), elem_id="policy-status")  # live, for everyone
                 in_force = gr.Markdown("", elem_id="table-in-force")
             with gr.Column(scale=3, min_width=420):
                 step_plot = gr.Plot(show_label=False, elem_id="step-time")
@@ -128,7 +129,7 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
             return f"Queued: {spec.describe()} applies when profiling ends. " + policy_status(service)
         return policy_status(service)
 
-    apply_btn.click(apply, [policy, k, table, unlocked], status, api_name="set_policy")
+    apply_btn.click(apply, [policy, k, table, unlocked], said, api_name="set_policy")
 
     async def profile(may: bool) -> str:
         if refusal := presenter.refusal(may):
@@ -139,7 +140,7 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
             return f"✕ {e}"
         return policy_status(service)
 
-    profile_btn.click(profile, unlocked, status, api_name="profile")
+    profile_btn.click(profile, unlocked, said, api_name="profile")
 
     def refresh(fg: str | None):
         v = service.policy_view()

@@ -136,13 +136,14 @@ def test_k_policies_switch_live_under_load(page):
         "() => document.querySelector('#load-readout').innerText.includes('6 requested')", timeout=30_000)
     # a bad table first: vLLM's rule, said plainly
     page.locator("#policy input[value=table]").check()
-    cell = page.locator("#k-table td").first
+    cell = page.locator('#k-table [data-testid="cell-0-0"]')
+    cell.scroll_into_view_if_needed()
     cell.dblclick()
     page.keyboard.press("Control+A")
     page.keyboard.type("2")
     page.keyboard.press("Enter")
     page.locator("#apply-policy").click()
-    page.wait_for_selector("#policy-status:has-text('first row must start at batch size 1')", timeout=30_000)
+    page.wait_for_selector("#policy-said:has-text('first row must start at batch size 1')", timeout=30_000)
     cell.dblclick()
     page.keyboard.press("Control+A")
     page.keyboard.type("1")

@@ -69,8 +69,13 @@ async def test_a_live_switch_under_load_changes_k_within_two_steps(live_engine, 
         assert switched[0].seq - sent_at <= 2, f"K changed later than two steps after the switch: {seen}"
         later = [s for s in acked if s.seq > sent_at + 2]
         assert later and all(s.k == expected(s.batch_size) for s in later), seen
-        # drafts verified per request never exceed the K in force
-        assert all(s.num_drafted <= s.k * s.num_drafting for s in later)
+        # drafts verified per request never exceed the K in force, or the previous step's: vLLM's
+        # async scheduler sizes a request's draft placeholders one step ahead, so when the batch
+        # size (and with it the table's K) changes, that step verifies the previous K's drafts
+        by_seq = {x.seq: x for x in steps}
+        for x in later:
+            k_prev = by_seq[x.seq - 1].k if x.seq - 1 in by_seq else x.k
+            assert x.num_drafted <= max(x.k, k_prev) * x.num_drafting, seen
     finally:
         await load.stop()
 

@@ -63,13 +63,14 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS
+    assert list(rows[0].keys()) == COLUMNS + ["acceptance_per_position"]
     assert [(r["policy"], r["concurrency"]) for r in rows] == [
         (p, c) for p in ("off", "k2", "table", "auto", "auction") for c in ("1", "2")]
     by = {(r["policy"], int(r["concurrency"])): r for r in rows}
     assert float(by[("off", 1)]["effective_k"]) == 0
     assert float(by[("k2", 1)]["effective_k"]) == pytest.approx(2.0)
     assert float(by[("k2", 1)]["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
+    assert by[("k2", 1)]["acceptance_per_position"] == "1.0000 1.0000"
     assert float(by[("table", 1)]["effective_k"]) == pytest.approx(3.0)
     # at concurrency 2 the table says K=0 for most steps (batch size 2); a lone request may still draft
     assert float(by[("table", 2)]["effective_k"]) <= 3.0
@@ -92,5 +93,5 @@ def test_by_category_adds_the_column(tiny, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + ["category"]
+    assert list(rows[0].keys()) == COLUMNS + ["category", "acceptance_per_position"]
     assert sorted(r["category"] for r in rows) == ["code", "story"]

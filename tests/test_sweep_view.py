@@ -53,3 +53,19 @@ def test_bad_csvs_get_a_clear_message(tmp_path, content, error):
         read_sweep(path)
     message, fig, table = show(path)
     assert message.startswith("✕") and fig is None and table is None
+
+
+def test_sweep_targets_table():
+    from engine_adapter.sweep_targets import check
+
+    def row(policy, c, tps, acc="0.8 0.7"):
+        return {"policy": policy, "concurrency": c, "total_tokens_per_s": tps, "category": "code",
+                "acceptance_per_position": acc}
+    df = pd.DataFrame([row("off", 1, 10), row("k3", 1, 15), row("auto", 1, 14.6), row("auction", 1, 13),
+                       row("off", 16, 40), row("k3", 16, 20, "0.81 0.62"), row("auto", 16, 39), row("auction", 16, 38)])
+    got = {(c["target"][:6], c["policy"], c["concurrency"]): (c["value"], c["ok"]) for c in check(df)}
+    assert got[("policy", "auto", 1)] == (0.973, True)  # 14.6 / 15
+    assert got[("policy", "auction", 1)] == (0.867, False)
+    assert got[("policy", "auto", 16)] == (0.975, True)  # 39 / 40 (off is the best at 16)
+    assert got[("auctio", "auction", 1)] == (1.3, True)
+    assert got[("accept", "k3", 16)] == (0.08, False)  # position 2 moved by 0.08

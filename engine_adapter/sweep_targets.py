@@ -1,0 +1,81 @@
+"""Check a sweep CSV against the K-under-load targets and print the table.
+
+    python -m engine_adapter.sweep_targets sweep.csv
+
+Targets (per category when the CSV has one):
+1. ``auto`` and ``auction``: total tokens/s at every concurrency >= 0.97 x the
+   best of (off, k1, k3, k5) at that concurrency;
+2. at concurrency 1, ``auction`` >= 1.3 x ``off`` on code prompts;
+3. per-position acceptance at the highest concurrency within 0.05 of
+   concurrency 1 for each fixed K (the text did not change, only the load).
+
+Prints a table per target, then a JSON last line with every check.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+BASELINES = ["off", "k1", "k3", "k5"]
+
+
+def _groups(df: pd.DataFrame):
+    if "category" in df.columns:
+        yield from df.groupby("category")
+    else:
+        yield "all", df
+
+
+def check(df: pd.DataFrame) -> list[dict]:
+    out: list[dict] = []
+    for cat, d in _groups(df):
+        tps = d.pivot_table(index="concurrency", columns="policy", values="total_tokens_per_s")
+        base = [p for p in BASELINES if p in tps.columns]
+        for policy in ("auto", "auction"):
+            if policy not in tps.columns or not base:
+                continue
+            for c, row in tps.iterrows():
+                best = row[base].max()
+                out.append({"target": "policy >= 0.97 x best fixed", "category": cat, "policy": policy,
+                            "concurrency": int(c), "value": round(row[policy] / best, 3),
+                            "best_of": row[base].idxmax(), "ok": bool(row[policy] >= 0.97 * best)})
+        if cat in ("code", "all") and {"auction", "off"} <= set(tps.columns) and 1 in tps.index:
+            r = tps.loc[1, "auction"] / tps.loc[1, "off"]
+            out.append({"target": "auction >= 1.3 x off at c=1, code", "category": cat, "policy": "auction",
+                        "concurrency": 1, "value": round(r, 3), "ok": bool(r >= 1.3)})
+        if "acceptance_per_position" in d.columns:
+            c_hi = d["concurrency"].max()
+            for policy in [p for p in d["policy"].unique() if p.startswith("k")]:
+                lo = d[(d["policy"] == policy) & (d["concurrency"] == d["concurrency"].min())]
+                hi = d[(d["policy"] == policy) & (d["concurrency"] == c_hi)]
+                if lo.empty or hi.empty:
+                    continue
+                a = [float(x) for x in str(lo["acceptance_per_position"].iloc[0]).split()]
+                b = [float(x) for x in str(hi["acceptance_per_position"].iloc[0]).split()]
+                diff = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+                out.append({"target": f"acceptance per position, c={int(c_hi)} vs c=1", "category": cat,
+                            "policy": policy, "concurrency": int(c_hi), "value": round(diff, 3),
+                            "ok": bool(diff <= 0.05)})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    checks = check(pd.read_csv(Path(argv[0])))
+    table = pd.DataFrame(checks)
+    for target, t in table.groupby("target", sort=False):
+        print(f"\n### {target}\n")
+        print(t.drop(columns="target").to_string(index=False))
+    print(json.dumps({"checks": checks, "all_ok": all(c["ok"] for c in checks)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
