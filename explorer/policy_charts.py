@@ -65,8 +65,12 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
                                  line=dict(color=colour, dash="dot", width=1), legendgroup=str(k),
                                  name=f"fit, K={k}", showlegend=False, hoverinfo="skip"))
     knee = max(cost.knee_tokens, 1.0)
-    fig.add_vrect(x0=1, x1=knee, fillcolor="#4c9be8", opacity=0.08, line_width=0,
-                  annotation_text="memory-bound: extra tokens ride along", annotation_position="top left")
+    if cost.knee_tokens >= 1.5:
+        fig.add_vrect(x0=1, x1=knee, fillcolor="#4c9be8", opacity=0.08, line_width=0,
+                      annotation_text="memory-bound: extra tokens ride along", annotation_position="top left")
+    else:
+        fig.add_annotation(text="no flat region measured: every extra token costs", showarrow=False,
+                           x=0.02, y=0.98, xref="paper", yref="paper", xanchor="left")
     fig.add_vline(x=knee, line=dict(color="#4c9be8", dash="dash"),
                   annotation_text=f"knee ≈ {cost.knee_tokens:.0f} tokens", annotation_position="bottom right")
     op = operating_point(recent)
@@ -94,9 +98,7 @@ def auto_figure(auto: AutoTable | None, batch_size: int, chosen_by: str) -> go.F
         return _empty(title, "Needs the cost model and some measured acceptance.")
     b = min(max(int(round(batch_size)), 1), len(auto.k_by_batch))
     rate = auto.rate[b - 1]
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5],
-                        subplot_titles=(f"at batch size {b}: K = {auto.k_by_batch[b - 1]} maximises",
-                                        "K chosen for each batch size"))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12)
     fig.add_trace(go.Scatter(x=list(range(len(rate))), y=rate, mode="lines+markers", name="E(K)/step_s"), 1, 1)
     best = auto.k_by_batch[b - 1]
     fig.add_trace(go.Scatter(x=[best], y=[rate[best]], mode="markers", marker=dict(size=16, symbol="star",
@@ -109,9 +111,9 @@ def auto_figure(auto: AutoTable | None, batch_size: int, chosen_by: str) -> go.F
     alphas = ", ".join(f"{a:.2f}" for a in auto.alphas)
     fig.update_layout(title=dict(text=f"{title}<br><sup>{chosen_by}<br>measured acceptance per position α = [{alphas}]</sup>"),
                       height=HEIGHT + 30, showlegend=False, margin=dict(l=50, r=10, t=100, b=40))
-    fig.update_xaxes(title_text="K", row=1, col=1)
+    fig.update_xaxes(title_text=f"K (at batch size {b}, K = {best} maximises)", row=1, col=1)
     fig.update_yaxes(title_text="tokens/s per request", row=1, col=1)
-    fig.update_xaxes(title_text="batch size", row=1, col=2)
+    fig.update_xaxes(title_text="batch size (K chosen for each)", row=1, col=2)
     fig.update_yaxes(title_text="K", row=1, col=2, rangemode="tozero")
     return fig
 

@@ -126,8 +126,8 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
         except (ValueError, RuntimeError) as e:
             return f"✕ {e}"
         if state is None:
-            return f"Queued: {spec.describe()} applies when profiling ends. " + policy_status(service)
-        return policy_status(service)
+            return f"Queued: {spec.describe()} applies when profiling ends."
+        return f"✓ Sent to the engine: {spec.describe()} (no restart; the line below says when it ran)."
 
     apply_btn.click(apply, [policy, k, table, unlocked], said, api_name="set_policy")
 
@@ -138,7 +138,7 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
             await service.profile_cost()
         except RuntimeError as e:
             return f"✕ {e}"
-        return policy_status(service)
+        return "✓ Profiling started (the line below shows its progress)."
 
     profile_btn.click(profile, unlocked, said, api_name="profile")
 

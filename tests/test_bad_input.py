@@ -104,7 +104,7 @@ def test_invalid_policies_are_refused(app_url, case, policy, k, rows, expected):
 
 def test_the_app_still_serves_after_the_table(app_url):
     client = Client(app_url, verbose=False)
-    assert "In force" in client.predict("fixed", 2, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]},
+    assert "Sent to the engine" in client.predict("fixed", 2, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]},
                                         api_name="/set_policy")
     view, *_, trace = client.predict("def add(a, b):", 0.0, 16, api_name="/run")
     assert len(trace["token_ids"]) == 16 and trace["kinds"][0] == "prefill"
