@@ -167,9 +167,16 @@ async def test_attach_mode_against_a_separately_started_server(tiny, engines):
         server.stop()
 
 
-def test_a_kv_cache_larger_than_memory_is_explained(tiny):
+def test_a_kv_cache_larger_than_memory_is_explained(tiny, monkeypatch):
     cfg = tiny_config(tiny, "off")
     cfg.kv_cache_gib = 4096  # far more than this machine has
+    # our pre-check (engine_adapter/resources.py) refuses before vLLM is started ...
+    proc = EngineProcess(cfg, resolve=Path)
+    with pytest.raises(EngineStartError, match="not enough free memory for the engine: it needs about 4097"):
+        proc.start(timeout_s=300)
+    assert proc.pid is None
+    # ... and without it, vLLM's own refusal is explained too
+    monkeypatch.setenv("SPEC_EXPLORER_SKIP_RESOURCE_CHECK", "1")
     proc = EngineProcess(cfg, resolve=Path)
     with pytest.raises(EngineStartError, match="not enough free memory for the KV cache"):
         proc.start(timeout_s=300)
