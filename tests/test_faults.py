@@ -10,6 +10,8 @@ killed with SIGKILL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -180,6 +182,104 @@ async def test_no_engine_at_all_is_said_plainly(tiny):
                 pass
     finally:
         await client.close()
+
+
+# --- the recovery loop, on an attached fake server (no vLLM): fault, failed retries, back, give up ---
+
+class FakeVllm:
+    """Answers /v1/models, /health and /version like a vLLM server; stop() and start() it at will."""
+
+    def __init__(self, tokenizer_dir: Path) -> None:
+        self.tokenizer_dir = tokenizer_dir
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        path = head.split()[1]
+        bodies = {"/v1/models": json.dumps({"data": [{"id": "m", "root": str(self.tokenizer_dir)}]}),
+                  "/health": "", "/version": json.dumps({"version": "fake"})}
+        body = bodies.get(path)
+        status = "200 OK" if body is not None else "404 Not Found"
+        body = (body or "").encode()
+        writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
+                     + body)
+        await writer.drain()
+        writer.close()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port, reuse_address=True)
+
+    async def stop(self) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+
+async def _await_state(service: EngineService, states: set[str], timeout_s: float):
+    """Like _wait, but lets this loop (where a fake server may run) go on."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if service.status().state in states:
+            return service.status()
+        await asyncio.sleep(0.05)
+    st = service.status()
+    pytest.fail(f"service state {st.state} ({st.error}), wanted {states}")
+
+
+FAST = dict(interval_s=0.2, health_timeout_s=0.5, hang_after_s=1.0, backoff_base_s=0.5, backoff_cap_s=1.0)
+
+
+async def test_an_attached_server_that_goes_away_is_reattached_after_failed_tries(tiny):
+    fake = FakeVllm(tiny.target)
+    await fake.start()
+    svc = EngineService()
+    svc.guard.settings = WatchdogSettings(**FAST)
+    try:
+        svc.attach(fake.url, str(tiny.target))
+        st = await _await_state(svc, {"ready"}, 30)
+        gen = st.generation
+        await fake.stop()
+        st = await _await_state(svc, {"restarting"}, 10)
+        assert "the attached vLLM server stopped answering" in st.error and "attempt 1" in st.error
+        assert "it was killed" not in st.error  # not ours to kill
+        # the first re-attach fails (nobody answers), and says so; the next try is attempt 2
+        deadline = time.monotonic() + 10
+        while "restart attempt 1 failed" not in (svc.status().error or "") and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        st = svc.status()
+        assert st.state == "restarting" and "no vLLM server answers" in st.error and "(attempt 2)" in st.error, st
+        await fake.start()
+        st = await _await_state(svc, {"ready"}, 15)
+        assert st.generation >= gen + 2 and "stopped answering" in st.fault and st.attached
+        assert "Restarted by itself after" in status_markdown(svc)
+    finally:
+        svc.close()
+        with contextlib.suppress(Exception):
+            await fake.stop()
+
+
+async def test_recovery_gives_up_after_max_attempts(tiny):
+    fake = FakeVllm(tiny.target)
+    await fake.start()
+    svc = EngineService()
+    svc.guard.settings = WatchdogSettings(**FAST, max_attempts=2)
+    try:
+        svc.attach(fake.url, str(tiny.target))
+        await _await_state(svc, {"ready"}, 30)
+        await fake.stop()
+        await _await_state(svc, {"restarting"}, 10)
+        deadline = time.monotonic() + 20
+        while "gave up" not in (svc.status().error or "") and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        st = svc.status()
+        assert st.state == "failed" and "gave up after 2 restart attempts" in st.error
+        assert "Engine down" in status_markdown(svc)
+    finally:
+        svc.close()
 
 
 # --- not enough memory or disk --------------------------------------------------------------------
