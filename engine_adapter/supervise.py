@@ -45,6 +45,16 @@ def _kill_group(grace_s: float = GRACE_S) -> None:
 
 def group_members(pgid: int) -> list[int]:
     """PIDs of the live (not zombie) processes in process group ``pgid``, from /proc."""
+    return _live_with(2, pgid)  # /proc/PID/stat after the name: state, ppid, pgrp, session
+
+
+def session_members(sid: int) -> list[int]:
+    """PIDs of the live processes in session ``sid`` (an app started with start_new_session,
+    and the engines it started in process groups of their own)."""
+    return _live_with(3, sid)
+
+
+def _live_with(field: int, value: int) -> list[int]:
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -54,8 +64,7 @@ def group_members(pgid: int) -> list[int]:
                 fields = f.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        # fields[0] is the state, fields[2] the process group id
-        if int(fields[2]) == pgid and fields[0] != "Z":
+        if int(fields[field]) == value and fields[0] != "Z":
             members.append(int(entry))
     return members
 

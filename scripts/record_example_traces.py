@@ -14,35 +14,18 @@ with Ctrl-C (SIGINT) and checks that no process of its session is left.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import httpx
-from gradio_client import Client
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.launcher import free_port  # noqa: E402
+from engine_adapter.supervise import session_members  # noqa: E402
+from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready  # noqa: E402
 from explorer.presets import load_presets  # noqa: E402
-
-
-def session_pids(sid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
 
 
 def log(msg: str) -> None:
@@ -51,28 +34,12 @@ def log(msg: str) -> None:
 
 def main(scenario: str, out: str) -> int:
     prompts = {p.title: p.prompt for p in load_presets()}
-    port = free_port()
-    app_log = Path(tempfile.mkdtemp(prefix="record-traces-")) / "app.log"
-    with app_log.open("wb") as f:
-        app = subprocess.Popen([sys.executable, "app.py", "--port", str(port), "--record", out], cwd=ROOT,
-                               stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    app = start_app(["--record", out], Path(tempfile.mkdtemp(prefix="record-traces-")) / "app.log")
     try:
-        client = None
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline:
-            if app.poll() is not None:
-                raise SystemExit(f"the app exited:\n{app_log.read_text()[-3000:]}")
-            try:
-                if client is None and httpx.get(url, timeout=2).status_code == 200:
-                    client = Client(url, verbose=False)
-                if client is not None and "Engine ready" in client.predict(api_name="/status"):
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(2)
-        else:
-            raise SystemExit("the engine never became ready")
+        try:
+            client = wait_ready(app, engine_ready, timeout_s=400, poll_s=2.0)
+        except AppNotReady as e:
+            raise SystemExit(str(e)) from None
         log("engine ready")
 
         def run(title: str, max_tokens: int = 64) -> None:
@@ -109,16 +76,11 @@ def main(scenario: str, out: str) -> int:
         else:
             raise SystemExit(f"unknown scenario {scenario!r} (low, ramp)")
     finally:
-        app.send_signal(signal.SIGINT)
-        try:
-            app.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            os.killpg(app.pid, signal.SIGKILL)
-            app.wait()
+        if not app.stop(timeout_s=90):
             log("the app did not stop within 90 s of SIGINT: killed its process group")
         left = []
         for _ in range(60):
-            left = session_pids(app.pid)
+            left = session_members(app.proc.pid)
             if not left:
                 break
             time.sleep(1)

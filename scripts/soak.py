@@ -25,9 +25,8 @@ import collections
 import json
 import random
 import re
-import signal
-import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -39,9 +38,9 @@ from gradio_client import Client
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.launcher import free_port  # noqa: E402
 from engine_adapter.presets import load_presets  # noqa: E402
 from engine_adapter.prom import parse_metrics  # noqa: E402
+from tests.support.app_process import AppNotReady, AppProcess, engine_ready, start_app, wait_ready  # noqa: E402
 
 
 def app_rss_mib(pid: int) -> float:
@@ -146,25 +145,14 @@ def soak(url: str, pid: int, users: int, duration: float, seed: int, drain_s: fl
     return report
 
 
-def launch(app_args: list[str]) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    log = open(Path("/tmp") / f"soak-app-{port}.log", "wb")
-    app = subprocess.Popen([sys.executable, "app.py", "--port", str(port), *app_args], cwd=ROOT, stdout=log,
-                           stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if app.poll() is not None:
-            raise SystemExit(f"the app exited ({app.returncode}); log: {log.name}")
-        try:
-            status = Client(url, verbose=False).predict(api_name="/status")
-            if "● **Engine ready**" in status and "Measuring the cost model" not in status:
-                return app, url
-        except Exception:
-            pass
-        time.sleep(2)
-    app.send_signal(signal.SIGINT)
-    raise SystemExit(f"the app's engine was not ready within 15 minutes; log: {log.name}")
+def launch(app_args: list[str]) -> AppProcess:
+    app = start_app(app_args, Path(tempfile.mkdtemp(prefix="soak-")) / "app.log")
+    try:
+        wait_ready(app, engine_ready, timeout_s=900, poll_s=2.0)
+    except AppNotReady as e:
+        app.stop()
+        raise SystemExit(str(e)) from None
+    return app
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,17 +175,13 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--url needs --pid (the app's process, for its memory)")
         url, pid = args.url, args.pid
     else:
-        app, url = launch(app_args)
-        pid = app.pid
+        app = launch(app_args)
+        url, pid = app.url, app.proc.pid
     try:
         report = soak(url, pid, args.users, args.duration, args.seed, args.drain_s)
     finally:
         if app is not None:
-            app.send_signal(signal.SIGINT)
-            try:
-                app.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                app.kill()
+            app.stop()
     print(json.dumps(report))
     return 0 if report["ok"] else 1
 

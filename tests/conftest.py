@@ -8,22 +8,14 @@ shares the engine with the others.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import pytest_asyncio
-from gradio_client import Client
-
-from engine_adapter.launcher import free_port
 
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
+from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
 from tests.support.tiny_models import TinyFamily, build_tiny_family
 
 
@@ -78,38 +70,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def app_url(tiny, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("app") / "app.log"
-    cmd = [sys.executable, "app.py", "--port", str(port), "--method", "draft", "--k", "3",
-           "--target", str(tiny.target), "--draft", str(tiny.perturbed), "--dtype", "float32",
-           "--max-model-len", "1024", "--kv-cache-gib", "1"]
-    with log.open("wb") as out:
-        app = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    app = start_app(["--method", "draft", "--k", "3", "--target", str(tiny.target), "--draft", str(tiny.perturbed),
+                     "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"],
+                    tmp_path_factory.mktemp("app") / "app.log")
     try:
-        deadline = time.monotonic() + 300
-        client = None
-        while time.monotonic() < deadline:
-            assert app.poll() is None, log.read_text()[-3000:]
-            try:
-                if client is None and httpx.get(url, timeout=2).status_code == 200:
-                    client = Client(url, verbose=False)
-                status = client.predict(api_name="/status") if client is not None else ""
-                # ready, and done measuring the cost model (profiling switches K under the requests)
-                if "● **Engine ready**" in status and "Measuring the cost model" not in status:
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("the app's engine never became ready:\n" + log.read_text()[-3000:])
-        yield url
-    finally:
-        app.send_signal(signal.SIGINT)  # Ctrl-C
         try:
-            app.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(app.pid, signal.SIGKILL)
+            wait_ready(app, engine_ready, timeout_s=300)
+        except AppNotReady as e:
+            pytest.fail(f"the app's engine never became ready: {e}")
+        yield app.url
+    finally:
+        if not app.stop(timeout_s=60):
             pytest.fail("the app did not exit within 60 s of Ctrl-C (SIGINT)")
         from tests.test_launcher import wait_gone
 

@@ -3,23 +3,16 @@ and the app launched with ``--replay`` on a shipped trace (no engine at all)."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import csv
 import io
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from gradio_client import Client
 
-from engine_adapter.launcher import free_port
 from engine_adapter.load import LoadStats
 from engine_adapter.provenance import kinds_for_step
 from engine_adapter.records import EngineStep, RequestResult, Step, Token
@@ -36,6 +29,8 @@ from engine_adapter.session_trace import (
     session_request_line,
 )
 from explorer.chart_export import chart_csv, live_chart_frame
+from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
+from engine_adapter.supervise import session_members
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "traces"
@@ -308,16 +303,7 @@ def test_csv_export_has_the_chart_columns(tmp_path):
 # --- the launched app on a shipped trace, as a new user runs it ---------------------------
 
 def session_pids(sid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == sid and fields[0] != "Z":
-                found.append(int(entry))
-    return found
+    return session_members(sid)
 
 
 def cmdline(pid: int) -> str:
@@ -329,32 +315,16 @@ def cmdline(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def replay_app(tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("replay-app") / "app.log"
-    cmd = [sys.executable, "app.py", "--port", str(port), "--replay", "traces/low_load.jsonl",
-           "--replay-speed", "4"]
-    with log.open("wb") as out:
-        app = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    app = start_app(["--replay", "traces/low_load.jsonl", "--replay-speed", "4"],
+                    tmp_path_factory.mktemp("replay-app") / "app.log")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            assert app.poll() is None, log.read_text()[-3000:]
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("the replay app never answered:\n" + log.read_text()[-3000:])
-        yield url, app
-    finally:
-        app.send_signal(signal.SIGINT)
         try:
-            app.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(app.pid, signal.SIGKILL)
+            wait_ready(app, None, timeout_s=120, poll_s=0.5)
+        except AppNotReady as e:
+            pytest.fail(f"the replay app never answered: {e}")
+        yield app.url, app.proc
+    finally:
+        if not app.stop(timeout_s=30):
             pytest.fail("the replay app did not exit within 30 s of Ctrl-C")
 
 
@@ -424,40 +394,21 @@ def test_shipped_traces_are_small_and_complete(name):
 def test_app_records_a_live_session_that_replays(tiny, tmp_path):
     """app.py --record on a tiny engine: the trace holds the run, the steps, the load, and replays."""
     out = tmp_path / "session.jsonl"
-    port = free_port()
-    log = tmp_path / "app.log"
-    cmd = [sys.executable, "app.py", "--port", str(port), "--method", "draft", "--k", "3",
-           "--target", str(tiny.target), "--draft", str(tiny.perturbed), "--dtype", "float32",
-           "--max-model-len", "1024", "--kv-cache-gib", "1", "--record", str(out)]
-    with log.open("wb") as f:
-        app = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    app = start_app(["--method", "draft", "--k", "3", "--target", str(tiny.target), "--draft", str(tiny.perturbed),
+                     "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1", "--record", str(out)],
+                    tmp_path / "app.log")
     try:
-        client = None
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert app.poll() is None, log.read_text()[-3000:]
-            try:
-                if client is None and httpx.get(url, timeout=2).status_code == 200:
-                    client = Client(url, verbose=False)
-                if client is not None and "● **Engine ready**" in client.predict(api_name="/status"):
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("the app's engine never became ready:\n" + log.read_text()[-3000:])
+        try:
+            client = wait_ready(app, engine_ready, timeout_s=300)
+        except AppNotReady as e:
+            pytest.fail(f"the app's engine never became ready: {e}")
         *_, live_line = client.predict("def add(a, b):", 0.0, 24, api_name="/run")
         client.predict(2, api_name="/set_load")
         time.sleep(3)
         client.predict(0, api_name="/set_load")
         time.sleep(1.5)
     finally:
-        app.send_signal(signal.SIGINT)
-        try:
-            app.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(app.pid, signal.SIGKILL)
+        if not app.stop(timeout_s=60):
             pytest.fail("the app did not exit within 60 s of Ctrl-C")
     trace = read_session(out)
     assert trace.header["session"] and trace.header["method"] == "draft" and trace.header["k"] == 3

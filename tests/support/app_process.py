@@ -1,0 +1,89 @@
+"""Launch ``app.py`` as a user would, wait until it serves, stop it: one helper for tests and scripts.
+
+Contract: ``start_app(args, log)`` runs ``python app.py --port <free> ARGS`` on
+127.0.0.1 in its own session (so a kill reaches its engine too), output to
+``log``; ``wait_ready(app, ready, timeout_s)`` polls until the web server
+answers and, with ``ready``, until ``ready(/status text)`` holds, and returns a
+``gradio_client.Client``; ``app.stop()`` sends Ctrl-C (SIGINT) and returns
+whether the app exited by itself within the timeout (else its whole session
+is SIGKILLed).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from gradio_client import Client
+
+from engine_adapter.launcher import free_port
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def engine_ready(status: str) -> bool:
+    """Ready, and done measuring the cost model (profiling switches K under the requests)."""
+    return "● **Engine ready**" in status and "Measuring the cost model" not in status
+
+
+class AppNotReady(RuntimeError):
+    pass
+
+
+@dataclass
+class AppProcess:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        if self.proc.poll() is not None:
+            return True
+        self.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        try:
+            self.proc.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+            return False
+
+
+def start_app(args: list[str], log: Path) -> AppProcess:
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), *args], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    return AppProcess(proc, f"http://127.0.0.1:{port}", log)
+
+
+def wait_ready(app: AppProcess, ready: Callable[[str], bool] | None = engine_ready,
+               timeout_s: float = 300.0, poll_s: float = 1.0) -> Client:
+    deadline = time.monotonic() + timeout_s
+    client = None
+    while time.monotonic() < deadline:
+        if app.proc.poll() is not None:
+            raise AppNotReady(f"the app exited ({app.proc.returncode}):\n{app.log_tail()}")
+        try:
+            if client is None and httpx.get(app.url, timeout=2).status_code == 200:
+                client = Client(app.url, verbose=False)
+            if client is not None and (ready is None or ready(client.predict(api_name="/status"))):
+                return client
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(poll_s)
+    raise AppNotReady(f"the app was not ready within {timeout_s:.0f} s:\n{app.log_tail()}")
