@@ -3,12 +3,14 @@
 Contract: ``CostPoint`` is one measured cell (batch size, K in force, tokens
 verified per step, median step seconds); ``fit_cost_model(points)`` fits
 
-    step_s(b, K) = verify_s(b * (K + 1)) + K * (draft_s + draft_s_per_req * b)
+    step_s(b, K) = verify_s(b * (K + 1)) + max(K - 1, 0) * (draft_s + draft_s_per_req * b)
     verify_s(n)  = base_s + slope_s * max(0, n - knee_tokens)
 
 i.e. a flat, memory-bound region (reading the weights once costs the same for
 1 or ``knee_tokens`` tokens) then a rising, compute-bound one, plus the draft
-model's own sequential passes (0 for ngram/suffix drafting). The knee is chosen
+model's own sequential passes beyond the first, which it runs at any K (0 for
+ngram/suffix drafting). ``step_s`` answers with the measured cell where one
+exists (the table) and the fitted curve elsewhere. The knee is chosen
 by least squares over the measured token counts, so a CPU (knee near a handful
 of tokens) and a GPU (hundreds) go through the same code.
 
@@ -48,11 +50,21 @@ class CostModel:
         return self.base_s + self.slope_s * max(0.0, num_tokens - self.knee_tokens)
 
     def draft_cost_s(self, batch_size: int, k: int) -> float:
-        return k * (self.draft_s + self.draft_s_per_req * batch_size)
+        """The drafter's extra passes: a model drafter runs one pass every step whatever K is
+        (it keeps its KV cache in step with the target, DESIGN §4) and that pass yields the
+        first draft; each further position is one more sequential pass."""
+        return max(k - 1, 0) * (self.draft_s + self.draft_s_per_req * batch_size)
+
+    def fit_step_s(self, batch_size: int, k: int) -> float:
+        return self.verify_s(batch_size * (k + 1)) + self.draft_cost_s(batch_size, k)
 
     def step_s(self, batch_size: int, k: int) -> float:
-        """Predicted seconds per step with ``batch_size`` requests drafting K each."""
-        return self.verify_s(batch_size * (k + 1)) + self.draft_cost_s(batch_size, k)
+        """Seconds per step with ``batch_size`` requests drafting K each: the measured cell
+        where there is one (the table), the fitted curve elsewhere."""
+        for p in self.points:
+            if p.batch_size == batch_size and p.k == k and p.samples >= 3:
+                return p.step_s
+        return self.fit_step_s(batch_size, k)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -109,8 +121,9 @@ def fit_cost_model(points: Sequence[CostPoint], drafter_runs_model: bool = False
     best: tuple[float, float, np.ndarray] | None = None
     for knee in sorted({0.0, *n.tolist()}):
         cols = [np.ones_like(n), np.maximum(0.0, n - knee)]
-        if drafter_runs_model:
-            cols += [k, k * b]
+        if drafter_runs_model:  # passes beyond the first (see draft_cost_s)
+            extra = np.maximum(k - 1, 0)
+            cols += [extra, extra * b]
         coef = _nonneg_lstsq(np.stack(cols, axis=1), y, w)
         resid = np.stack(cols, axis=1) @ coef - y
         err = float(np.sqrt(np.mean(resid**2)))

@@ -39,7 +39,8 @@ def default_ks(k_max: int) -> list[int]:
 
 def cache_path(key: dict) -> Path:
     """One file per (models, method, dtype, machine, vLLM version)."""
-    key = key | {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": _cpu_name()}
+    key = key | {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": _cpu_name(),
+                 "cost_model": 2}  # bump when the fitted formula changes
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return default_cache_dir() / "cost" / f"{digest}.json"
 

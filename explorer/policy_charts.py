@@ -61,7 +61,7 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
             hovertemplate="%{text}<extra></extra>"))
         # the fit at this K: batch sizes 1..max measured, tokens = b (K + 1)
         bs = np.arange(1, max(p.batch_size for p in sel) + 1)
-        fig.add_trace(go.Scatter(x=bs * (k + 1), y=[cost.step_s(int(b), k) * 1e3 for b in bs], mode="lines",
+        fig.add_trace(go.Scatter(x=bs * (k + 1), y=[cost.fit_step_s(int(b), k) * 1e3 for b in bs], mode="lines",
                                  line=dict(color=colour, dash="dot", width=1), legendgroup=str(k),
                                  name=f"fit, K={k}", showlegend=False, hoverinfo="skip"))
     knee = max(cost.knee_tokens, 1.0)

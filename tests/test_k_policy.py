@@ -73,7 +73,7 @@ def brute_force_best_k(cost, alphas, b, k_max):
         (GPU, [0.8] * 5, 5, 32, {1: 5, 16: 5, 32: 5}),
         # worthless drafts never pay, even when free
         (GPU, [0.0] * 5, 5, 4, {1: 0, 4: 0}),
-        # a drafter that costs 60 ms per position per step: K=1 at b=1, not 3
+        # a drafter that costs 60 ms per position beyond its standing first one: K=1 at b=1, not 3
         (CostModel(0.1, 0.025, 4, draft_s=0.06), [0.8] * 5, 5, 1, {1: 1}),
     ],
 )
@@ -149,7 +149,7 @@ def test_slot_estimator_shrinks_toward_pooled():
 
 
 def make_points(model: CostModel, grid) -> list[CostPoint]:
-    return [CostPoint(b, k, b * (k + 1), model.step_s(b, k), 5) for b, k in grid]
+    return [CostPoint(b, k, b * (k + 1), model.fit_step_s(b, k), 5) for b, k in grid]
 
 
 GRID = [(b, k) for b in (1, 2, 4, 8, 16) for k in (0, 1, 3, 5)]
@@ -167,7 +167,7 @@ def test_fit_recovers_a_known_hinge(truth, drafter):
     fit = fit_cost_model(make_points(truth, GRID), drafter_runs_model=drafter)
     assert fit.rmse_s < 1e-6
     for b, k in GRID:
-        assert fit.step_s(b, k) == pytest.approx(truth.step_s(b, k), rel=1e-4)
+        assert fit.fit_step_s(b, k) == pytest.approx(truth.fit_step_s(b, k), rel=1e-4)
     assert math.isclose(fit.knee_tokens, truth.knee_tokens)
 
 
@@ -197,13 +197,21 @@ def test_alphas_from_counts(accepted, reached, expected):
 
 @pytest.mark.parametrize("cost, expected", [
     (CostModel(0.1, 0.0, 0), 4),  # free drafting and verification: propose everything
-    (CostModel(0.1, 0.0, 0, draft_s=0.2), 0),  # a drafter dearer than the step: propose nothing
-    # 30 ms per proposed position, free verification: K=2 gives (2 + 2.41) / 0.16 = 27.6
-    # tokens/s; a third position adds 0.73 + 0.05 tokens for 30 ms: 5.19 / 0.19 = 27.3
-    (CostModel(0.1, 0.0, 0, draft_s=0.03), 2),
+    # a drafter dearer than the step: only the position its standing pass gives for free
+    (CostModel(0.1, 0.0, 0, draft_s=0.2), 1),
+    # 20 ms per position beyond the first, free verification: K=3 gives (2 + 3.19) / 0.14 = 37.1
+    # tokens/s against 36.75 for K=2 and 36.6 for K=4 (0.66 + 0.0 more for 20 ms)
+    (CostModel(0.1, 0.0, 0, draft_s=0.02), 3),
 ])
 def test_best_ceiling_counts_the_drafters_cost(cost, expected):
     scores = {"a": [0.9, 0.81, 0.73, 0.66], "b": [0.5, 0.2, 0.05, 0.0]}
     k, rates = best_ceiling(scores, cost)
     assert k == expected, rates
     assert rates[k] == max(rates)
+
+
+def test_step_s_prefers_the_measured_cell():
+    fit = CostModel(0.1, 0.01, 4, points=(CostPoint(2, 3, 8, 0.5, 5), CostPoint(1, 0, 1, 0.2, 2)))
+    assert fit.step_s(2, 3) == 0.5  # measured (5 steps)
+    assert fit.step_s(1, 0) == pytest.approx(0.1)  # 2 steps are too few: the fit
+    assert fit.step_s(4, 1) == pytest.approx(0.1 + 0.01 * 4)  # not measured: the fit
