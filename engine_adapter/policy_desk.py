@@ -93,7 +93,7 @@ class PolicyDesk:
         ctl.state = PolicyState(spec, config.k_table or [(1, config.max_num_seqs, config.k)],
                                 client.controls_sent, time.monotonic())
         self.changes.append((time.monotonic(), spec.to_dict()))
-        ctl.cost = load_cached(self._cache_path(config))
+        ctl.cost = load_cached(self._cache_path(config), config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
         if ctl.cost is None:
             self._tasks.append(asyncio.create_task(self._profile(restore=spec)))

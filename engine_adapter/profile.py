@@ -39,8 +39,7 @@ def default_ks(k_max: int) -> list[int]:
 
 def cache_path(key: dict) -> Path:
     """One file per (models, method, dtype, machine, vLLM version)."""
-    key = key | {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": _cpu_name(),
-                 "cost_model": 2}  # bump when the fitted formula changes
+    key = key | {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": _cpu_name()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return default_cache_dir() / "cost" / f"{digest}.json"
 
@@ -55,9 +54,11 @@ def _cpu_name() -> str:
     return platform.processor()
 
 
-def load_cached(path: Path) -> CostModel | None:
+def load_cached(path: Path, drafter_runs_model: bool) -> CostModel | None:
+    """The measured cells kept at ``path``, fitted again (the fit may have changed, not the data)."""
     try:
-        return CostModel.from_dict(json.loads(path.read_text()))
+        points = CostModel.from_dict(json.loads(path.read_text())).points
+        return fit_cost_model(points, drafter_runs_model=drafter_runs_model) if points else None
     except (OSError, ValueError, TypeError, KeyError):
         return None
 

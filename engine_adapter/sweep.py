@@ -170,7 +170,7 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
                 path = cache_path({"target": cfg.target, "draft": cfg.draft if cfg.method == "draft" else None,
                                    "method": cfg.method, "dtype": cfg.dtype, "k_max": k_max,
                                    "reserved_cpus": cfg.reserved_cpus, "vllm": "0.32.0"})
-                ctl.cost = None if args.reprofile else load_cached(path)
+                ctl.cost = None if args.reprofile else load_cached(path, cfg.method == "draft")
                 if ctl.cost is None:
                     _say("== profiling the cost model")
                     ctl.cost = await profile_engine(live.client, all_prompts, k_max, cfg.method == "draft",
