@@ -15,7 +15,8 @@ user leaves; the script waits up to --drain-s for the background load to end.
 Report (JSON last line): requests served, errors by kind, background requests
 still running in the engine after everyone left (must be 0; read from vLLM's
 own /metrics), the app process's memory (RSS, with its children) at the start
-(after a quarter of the run, once every user has been served) and at the end,
+(after --baseline-after of the run, a quarter by default, once every user has
+been served: warm-up is not a leak) and at the end,
 and the growth (must be < 10 %). Exit status 1 if a check fails.
 """
 
@@ -106,7 +107,8 @@ class User(threading.Thread):
         return None
 
 
-def soak(url: str, pid: int, users: int, duration: float, seed: int, drain_s: float) -> dict:
+def soak(url: str, pid: int, users: int, duration: float, seed: int, drain_s: float,
+         baseline_after: float = 0.25) -> dict:
     counts: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
 
@@ -125,8 +127,8 @@ def soak(url: str, pid: int, users: int, duration: float, seed: int, drain_s: fl
     for u in crowd:
         u.start()
     # the baseline is taken once every user has been served a while (first sessions, caches,
-    # compiled handlers are not a leak): after a quarter of the run
-    time.sleep(duration / 4)
+    # compiled handlers are not a leak): after `baseline_after` of the run
+    time.sleep(duration * baseline_after)
     rss0 = app_rss_mib(pid)
     for u in crowd:
         u.join(timeout=duration + 300)
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drain-s", type=float, default=180.0, help="how long the load may take to stop after all leave")
+    p.add_argument("--baseline-after", type=float, default=0.25,
+                   help="take the memory baseline after this fraction of the run (warm-up is not a leak)")
     p.add_argument("--url", default=None)
     p.add_argument("--pid", type=int, default=None, help="the app's PID (with --url), for its memory")
     args = p.parse_args(argv)
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         app = launch(app_args)
         url, pid = app.url, app.proc.pid
     try:
-        report = soak(url, pid, args.users, args.duration, args.seed, args.drain_s)
+        report = soak(url, pid, args.users, args.duration, args.seed, args.drain_s, args.baseline_after)
     finally:
         if app is not None:
             app.stop()
