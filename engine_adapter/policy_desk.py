@@ -30,7 +30,7 @@ from engine_adapter.cost_model import CostModel
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.k_policy import alphas_from_counts
 from engine_adapter.policy_control import PolicyController, PolicySpec, PolicyState
-from engine_adapter.profile import cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.records import EngineStep
 
 
@@ -93,7 +93,7 @@ class PolicyDesk:
         ctl.state = PolicyState(spec, config.k_table or [(1, config.max_num_seqs, config.k)],
                                 client.controls_sent, time.monotonic())
         self.changes.append((time.monotonic(), spec.to_dict()))
-        ctl.cost = load_cached(self._cache_path(config), config.method == "draft")
+        ctl.cost = load_cached(config_cache_path(config), config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
         if ctl.cost is None:
             self._tasks.append(asyncio.create_task(self._profile(restore=spec)))
@@ -110,11 +110,6 @@ class PolicyDesk:
         self._profiling = None
         self._pending = None
         self._why_not = "no engine"
-
-    def _cache_path(self, config: EngineConfig):
-        return cache_path({"target": config.target, "draft": config.draft if config.method == "draft" else None,
-                           "method": config.method, "dtype": config.dtype, "k_max": config.k_max,
-                           "reserved_cpus": config.reserved_cpus, "vllm": "0.32.0"})
 
     # --- actions ------------------------------------------------------------
     def alphas(self) -> list[float]:
@@ -163,7 +158,7 @@ class PolicyDesk:
             )
             ctl.cost = cost
             self._cost_source = "profiled"
-            save_cached(self._cache_path(cfg), cost)
+            save_cached(config_cache_path(cfg), cost)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # shown in the page; policies without a cost model still work

@@ -44,6 +44,13 @@ def cache_path(key: dict) -> Path:
     return default_cache_dir() / "cost" / f"{digest}.json"
 
 
+def config_cache_path(config) -> Path:
+    """The cache file for an ``EngineConfig``'s cost model (the app and the sweep share it)."""
+    return cache_path({"target": config.target, "draft": config.draft if config.method == "draft" else None,
+                       "method": config.method, "dtype": config.dtype, "k_max": config.k_max,
+                       "reserved_cpus": config.reserved_cpus, "vllm": "0.32.0"})
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

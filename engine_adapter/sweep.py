@@ -46,7 +46,7 @@ from engine_adapter.engine_config import EngineConfig, KTable, validate_k_table
 from engine_adapter.k_policy import alphas_from_counts
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.policy_control import PolicyController, PolicySpec
-from engine_adapter.profile import cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.record import read_prompts
 
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
@@ -167,9 +167,7 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
             ctl = PolicyController(live.client, k_max, max_seqs)
             counts = PositionCounts(k_max)
             if any(p.spec.kind in ("auto", "auction") for p in live_pols):
-                path = cache_path({"target": cfg.target, "draft": cfg.draft if cfg.method == "draft" else None,
-                                   "method": cfg.method, "dtype": cfg.dtype, "k_max": k_max,
-                                   "reserved_cpus": cfg.reserved_cpus, "vllm": "0.32.0"})
+                path = config_cache_path(cfg)
                 ctl.cost = None if args.reprofile else load_cached(path, cfg.method == "draft")
                 if ctl.cost is None:
                     _say("== profiling the cost model")
