@@ -207,3 +207,22 @@ def alphas_from_counts(
         prev = (a + strength * prev) / (r + strength)
         out.append(prev)
     return out
+
+
+class PositionCounts:
+    """Acceptance per draft position pooled over engine steps (``EngineStep.accepted_per_pos``
+    and ``reached_per_pos``); positions beyond ``k`` are ignored."""
+
+    def __init__(self, k: int) -> None:
+        self.accepted = [0] * k
+        self.reached = [0] * k
+
+    def add(self, steps) -> None:
+        for s in steps:
+            for i, (a, r) in enumerate(zip(s.accepted_per_pos, s.reached_per_pos)):
+                if i < len(self.accepted):
+                    self.accepted[i] += a
+                    self.reached[i] += r
+
+    def alphas(self) -> list[float]:
+        return alphas_from_counts(self.accepted, self.reached)

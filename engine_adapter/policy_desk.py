@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from engine_adapter.cost_model import CostModel
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.k_policy import alphas_from_counts
+from engine_adapter.k_policy import PositionCounts
 from engine_adapter.policy_control import PolicyController, PolicySpec, PolicyState
 from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.records import EngineStep
@@ -113,16 +113,9 @@ class PolicyDesk:
 
     # --- actions ------------------------------------------------------------
     def alphas(self) -> list[float]:
-        k_max = self.controller.k_max if self.controller else 0
-        steps = self._steps_since(time.monotonic() - self.window_s)
-        acc = [0] * k_max
-        reached = [0] * k_max
-        for s in steps:
-            for i, (a, r) in enumerate(zip(s.accepted_per_pos, s.reached_per_pos)):
-                if i < k_max:
-                    acc[i] += a
-                    reached[i] += r
-        return alphas_from_counts(acc, reached)
+        counts = PositionCounts(self.controller.k_max if self.controller else 0)
+        counts.add(self._steps_since(time.monotonic() - self.window_s))
+        return counts.alphas()
 
     async def apply(self, spec: PolicySpec) -> PolicyState | None:
         """Apply now, or (while profiling) check now and apply when profiling ends."""

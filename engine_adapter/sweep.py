@@ -43,7 +43,7 @@ import pandas as pd
 from engine_adapter.bench import measure
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, KTable, validate_k_table
-from engine_adapter.k_policy import alphas_from_counts
+from engine_adapter.k_policy import PositionCounts
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.policy_control import PolicyController, PolicySpec
 from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
@@ -79,24 +79,6 @@ def k_needed(policies: list[Policy], k_max: int) -> int:
           p.spec.k if p.spec.kind == "fixed" else max(r[2] for r in p.spec.table)
           for p in policies if p.spec is not None]
     return max(ks, default=k_max) or 1
-
-
-class PositionCounts:
-    """Acceptance per draft position pooled over everything measured (it is a property of the text)."""
-
-    def __init__(self, k: int) -> None:
-        self.accepted = [0] * k
-        self.reached = [0] * k
-
-    def add(self, steps) -> None:
-        for s in steps:
-            for i, (a, r) in enumerate(zip(s.accepted_per_pos, s.reached_per_pos)):
-                if i < len(self.accepted):
-                    self.accepted[i] += a
-                    self.reached[i] += r
-
-    def alphas(self) -> list[float]:
-        return alphas_from_counts(self.accepted, self.reached)
 
 
 async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int,
