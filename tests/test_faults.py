@@ -357,15 +357,25 @@ def _wait(service: EngineService, states: set[str], timeout_s: float):
     pytest.fail(f"service state {st.state} ({st.error}; {st.progress}), wanted {states}")
 
 
-def _vllm_server_pid(service: EngineService) -> tuple[int, int]:
-    """(process group of the engine, pid of its vLLM API server)."""
-    pgid = service._engine.process.pid
-    for pid in group_members(pgid):
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        if pid != pgid and b"vllm.entrypoints.openai.api_server" in cmd:  # not its supervisor
-            return pgid, pid
-    raise AssertionError(f"no vLLM API server in the engine's group: {service.status()}, "
-                         f"faults seen {service.guard.faults}")
+def _vllm_server_pid(service: EngineService, timeout_s: float = 30) -> tuple[int, int]:
+    """(process group of the engine, pid of its vLLM API server), once the engine is ready."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _wait(service, {"ready"}, 300)
+        pgid = service._engine.process.pid
+        for pid in group_members(pgid):
+            with contextlib.suppress(FileNotFoundError):
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                if pid != pgid and b"vllm.entrypoints.openai.api_server" in cmd:  # not its supervisor
+                    return pgid, pid
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no vLLM API server in the engine's group: {service.status()}, "
+                                 f"faults seen {service.guard.faults}")
+        time.sleep(0.5)
+
+
+class FinishedBeforeTheFault(AssertionError):
+    """The whole answer had left the server before the fault bit."""
 
 
 async def _fault_under_a_request(service: EngineService, fault) -> tuple[Exception, float]:
@@ -379,7 +389,7 @@ async def _fault_under_a_request(service: EngineService, fault) -> tuple[Excepti
     except Exception as e:
         assert t_fault is not None, f"the request failed before the fault: {e}"
         return e, time.monotonic() - t_fault
-    raise AssertionError("the request finished normally in spite of the fault")
+    raise FinishedBeforeTheFault("the request finished normally in spite of the fault")
 
 
 async def _serves_a_request(service: EngineService) -> RequestResult:
@@ -415,9 +425,18 @@ async def test_a_killed_engine_is_reported_ends_its_requests_and_comes_back(serv
 async def test_a_hung_engine_is_killed_and_restarted(service):
     _wait(service, {"ready"}, 300)
     gen = service.status().generation
+    await service.set_background(2)  # slower steps, so the long request is still running when frozen
     pgid, server = _vllm_server_pid(service)
     try:
-        err, took = await _fault_under_a_request(service, lambda: os.kill(server, signal.SIGSTOP))
+        try:
+            err, took = await _fault_under_a_request(service, lambda: os.kill(server, signal.SIGSTOP))
+        except FinishedBeforeTheFault:
+            # A fast machine can hand the whole answer to the socket before the freeze
+            # bites; a request sent to the frozen server is then the one under the hang.
+            t0 = time.monotonic()
+            with pytest.raises(RequestError) as caught:
+                await _serves_a_request(service)
+            err, took = caught.value, time.monotonic() - t0
         # hang_after_s (10 s) of silence on /health, plus a check or two
         assert isinstance(err, RequestError) and "stopped answering" in str(err), err
         assert took < 20, f"the hang took {took:.1f} s to be noticed"
@@ -431,11 +450,11 @@ async def test_a_hung_engine_is_killed_and_restarted(service):
         assert st.generation == gen + 1
         await _serves_a_request(service)
     finally:
-        for sig in (signal.SIGCONT, signal.SIGKILL):  # never leave a frozen process behind
-            try:
-                os.kill(server, sig)
-            except ProcessLookupError:
-                pass
+        if server in group_members(pgid):  # never leave a frozen process behind (and never a reused pid)
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(server, sig)
+        await service.set_background(0)
 
 
 async def test_a_user_restart_during_the_back_off_wins(service, tiny):
