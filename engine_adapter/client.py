@@ -325,7 +325,7 @@ class EngineClient:
     def _make_step(
         self, index: int, t: float, wall_s: float, batch_size: int, k: int,
         drafted: list[int] | None, num_drafted: int, accepted: int, emitted: list[int],
-        text: IncrementalText, finish_reason: str | None = None,
+        text: IncrementalText, finish_reason: str | None = None, drafter_idle: bool = False,
     ) -> Step:
         kinds = kinds_for_step(index, num_drafted, accepted, len(emitted))
         tokens = [
@@ -348,6 +348,7 @@ class EngineClient:
             index=index, t=t, wall_s=wall_s, batch_size=batch_size, k=k,
             drafted=drafted, num_drafted=num_drafted, accepted=accepted,
             emitted=list(emitted), tokens=tokens, rejected=rejected, finish_reason=finish_reason,
+            drafter_idle=drafter_idle,
         )
 
     async def _steps_from_tap(
@@ -370,7 +371,7 @@ class EngineClient:
                 yield self._make_step(
                     index, tstep.t, tstep.wall_s, tstep.batch_size, tstep.k,
                     list(r.drafted), len(r.drafted), r.accepted, list(r.emitted), text,
-                    r.finish_reason,
+                    r.finish_reason, r.drafter_idle,
                 )
                 index += 1
                 seen += len(r.emitted)

@@ -3,13 +3,17 @@
 Contract: ``CostPoint`` is one measured cell (batch size, K in force, tokens
 verified per step, median step seconds); ``fit_cost_model(points)`` fits
 
-    step_s(b, K) = verify_s(b * (K + 1)) + max(K - 1, 0) * (draft_s + draft_s_per_req * b)
+    step_s(b, K) = verify_s(b * (K + 1)) + draft_cost_s(b, K)
     verify_s(n)  = base_s + slope_s * max(0, n - knee_tokens)
+    draft_cost_s(b, K) = [K > 0] * (first_s + first_s_per_req * b)
+                       + max(K - 1, 0) * (draft_s + draft_s_per_req * b)
 
 i.e. a flat, memory-bound region (reading the weights once costs the same for
 1 or ``knee_tokens`` tokens) then a rising, compute-bound one, plus the draft
-model's own sequential passes beyond the first, which it runs at any K (0 for
-ngram/suffix drafting). ``step_s`` answers with the measured cell where one
+model's own passes (0 for ngram/suffix drafting): its first pass, which yields
+the first draft and which an idle drafter skips at K=0 (``idle_drafter.py``;
+vLLM's own drafter runs it at any K, so there it is part of ``verify_s`` and
+``first_s`` fits to ~0), and one sequential pass per further position. ``step_s`` answers with the measured cell where one
 exists (the table) and the fitted curve elsewhere. The knee is chosen
 by least squares over the measured token counts, so a CPU (knee near a handful
 of tokens) and a GPU (hundreds) go through the same code.
@@ -43,6 +47,8 @@ class CostModel:
     knee_tokens: float  # tokens per step where compute starts to bind
     draft_s: float = 0.0  # drafter's cost per draft position per step, s
     draft_s_per_req: float = 0.0  # ... and per position per request, s
+    first_s: float = 0.0  # drafter's first pass when K > 0 (skipped at K = 0 by an idle drafter), s
+    first_s_per_req: float = 0.0  # ... and per request, s
     points: tuple[CostPoint, ...] = field(default_factory=tuple)
     rmse_s: float = 0.0  # fit error over the points, s
 
@@ -50,10 +56,11 @@ class CostModel:
         return self.base_s + self.slope_s * max(0.0, num_tokens - self.knee_tokens)
 
     def draft_cost_s(self, batch_size: int, k: int) -> float:
-        """The drafter's extra passes: a model drafter runs one pass every step whatever K is
-        (it keeps its KV cache in step with the target, DESIGN §4) and that pass yields the
-        first draft; each further position is one more sequential pass."""
-        return max(k - 1, 0) * (self.draft_s + self.draft_s_per_req * batch_size)
+        """The drafter's passes that depend on K: the first (yielding the first draft; vLLM's
+        drafter runs it at K=0 too, to keep its KV cache in step, DESIGN §4, an idle one
+        does not) and one more sequential pass per further position."""
+        first = (self.first_s + self.first_s_per_req * batch_size) if k > 0 else 0.0
+        return first + max(k - 1, 0) * (self.draft_s + self.draft_s_per_req * batch_size)
 
     def fit_step_s(self, batch_size: int, k: int) -> float:
         return self.verify_s(batch_size * (k + 1)) + self.draft_cost_s(batch_size, k)
@@ -121,18 +128,20 @@ def fit_cost_model(points: Sequence[CostPoint], drafter_runs_model: bool = False
     best: tuple[float, float, np.ndarray] | None = None
     for knee in sorted({0.0, *n.tolist()}):
         cols = [np.ones_like(n), np.maximum(0.0, n - knee)]
-        if drafter_runs_model:  # passes beyond the first (see draft_cost_s)
+        if drafter_runs_model:  # see draft_cost_s
             extra = np.maximum(k - 1, 0)
-            cols += [extra, extra * b]
+            first = (k > 0).astype(float)
+            cols += [extra, extra * b, first, first * b]
         coef = _nonneg_lstsq(np.stack(cols, axis=1), y, w)
         resid = np.stack(cols, axis=1) @ coef - y
         err = float(np.sqrt(np.mean(resid**2)))
         if best is None or err < best[0] - 1e-12:
             best = (err, knee, coef)
     err, knee, coef = best
-    draft = coef[2:] if drafter_runs_model else np.zeros(2)
+    draft = coef[2:] if drafter_runs_model else np.zeros(4)
     return CostModel(
         base_s=float(coef[0]), slope_s=float(coef[1]), knee_tokens=float(knee),
         draft_s=float(draft[0]), draft_s_per_req=float(draft[1]),
+        first_s=float(draft[2]), first_s_per_req=float(draft[3]),
         points=tuple(points), rmse_s=err,
     )

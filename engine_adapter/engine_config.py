@@ -14,6 +14,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from engine_adapter.tap_wire import IDLE_DRAFTER_WORKER
+
 Method = Literal["off", "ngram", "draft", "suffix"]
 METHODS: tuple[Method, ...] = ("off", "ngram", "draft", "suffix")
 # One row of vLLM's Dynamic SD table: inclusive batch-size range -> K.
@@ -52,6 +54,9 @@ class EngineConfig:
     # (k_table, or K=k for every batch size), and open the control channel through
     # which the table can be replaced while the engine runs. None = off.
     k_max: int | None = None
+    # With a K table and a draft model: skip the draft model's pass in steps with
+    # K=0 (``idle_drafter.py``). vLLM's own behaviour (the pass always runs) is False.
+    idle_drafter: bool = True
     extra_args: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -68,6 +73,13 @@ class EngineConfig:
             self.k_table = validate_k_table(self.k_table)
         if self.k_max is not None and not self.k <= self.k_max <= 16:
             raise ValueError(f"k_max must be between K ({self.k}) and 16; got {self.k_max}")
+
+    @property
+    def drafter_idles(self) -> bool:
+        """Whether the draft model skips its pass at K=0: needs the tap (which stops drafting
+        for the requests it skipped) and a table (the only way K reaches 0)."""
+        return (self.idle_drafter and self.method == "draft" and self.tap
+                and (self.k_table is not None or self.k_max is not None))
 
     @property
     def async_scheduling(self) -> bool:
@@ -175,4 +187,6 @@ def server_args(
     if config.tap:
         cls = "TapAsyncScheduler" if config.async_scheduling else "TapScheduler"
         args += ["--scheduler-cls", f"engine_adapter.scheduler_tap.{cls}"]
+    if config.drafter_idles:
+        args += ["--worker-cls", IDLE_DRAFTER_WORKER]
     return args + list(config.extra_args)

@@ -48,7 +48,8 @@ def config_cache_path(config) -> Path:
     """The cache file for an ``EngineConfig``'s cost model (the app and the sweep share it)."""
     return cache_path({"target": config.target, "draft": config.draft if config.method == "draft" else None,
                        "method": config.method, "dtype": config.dtype, "k_max": config.k_max,
-                       "reserved_cpus": config.reserved_cpus, "vllm": "0.32.0"})
+                       "reserved_cpus": config.reserved_cpus, "vllm": "0.32.0",
+                       "idle_drafter": config.drafter_idles})
 
 
 def _cpu_name() -> str:

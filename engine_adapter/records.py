@@ -61,6 +61,9 @@ class Step:
     tokens: list[Token] = field(default_factory=list)
     rejected: list[Token] = field(default_factory=list)
     finish_reason: str | None = None
+    # the draft model skipped this request at a K=0 step (an idle drafter), so
+    # from then on it gets no drafts whatever K is in force
+    drafter_idle: bool = False
 
     def to_trace(self) -> dict[str, Any]:
         """The recorder's per-step object (see README, trace format)."""
@@ -73,6 +76,7 @@ class Step:
             "k": self.k,
             "t": self.t,
             "wall_s": self.wall_s,
+            "drafter_idle": self.drafter_idle,
         }
 
 

@@ -34,7 +34,13 @@ from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
 from engine_adapter.cost_model import CostModel
 from engine_adapter.k_policy import SlotEstimator, auction, best_ceiling
-from engine_adapter.tap_wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV, decode_control, encode_step
+from engine_adapter.tap_wire import (
+    CONTROL_ADDR_ENV,
+    IDLE_DRAFTER_WORKER,
+    TAP_ADDR_ENV,
+    decode_control,
+    encode_step,
+)
 
 
 class _StepPublisher:
@@ -81,6 +87,11 @@ class _TapMixin:
         # so switching the auction on starts from what the engine has seen
         self._estimator = SlotEstimator(k_max=max(self.num_spec_tokens, 1))
         self._auction_cost: CostModel | None = None
+        # requests whose draft model skipped their tokens at a K=0 step (idle_drafter.py):
+        # its cache has holes for them, so they are never drafted again
+        self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
+        self._drafter_lost: set[str] = set()
+        self._schedules = 0
         if control and self.dynamic_sd_lookup is not None:
             # Live K policies rewrite vLLM's own dense batch-size -> K lookup,
             # which exists only when the engine started with a K table.
@@ -150,8 +161,19 @@ class _TapMixin:
         return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()],
                 ceiling]
 
+    def _trim_lost(self) -> None:
+        """No drafts for requests the idle drafter skipped (a new list: async placeholders are shared)."""
+        for r in self.running:
+            if r.spec_token_ids and r.request_id in self._drafter_lost:
+                r.spec_token_ids = []
+        self._schedules += 1
+        if self._schedules % 256 == 0:  # aborted requests never report a finish
+            self._drafter_lost &= self.requests.keys()
+
     def schedule(self, *args, **kwargs):
         decision = None
+        if self._idle_drafter:
+            self._trim_lost()
         if self._control is not None:
             t_policy = time.perf_counter()
             self._apply_control()
@@ -163,6 +185,8 @@ class _TapMixin:
                 self._tap.policy_s += time.perf_counter() - t_policy
         t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
+        if self._idle_drafter and out.num_spec_tokens_to_schedule == 0:
+            self._drafter_lost.update(out.num_scheduled_tokens)  # the drafter skips this step
         if self._tap is not None:
             self._tap.started[id(out)] = t0
             if decision is not None:
@@ -220,11 +244,13 @@ class _TapMixin:
             ids, reason = emitted.get(req_id, ([], None))
             if drafted:
                 self._estimator.observe(req_id, len(drafted), accepted)
+            lost = req_id in self._drafter_lost
             if reason is not None:
                 self._estimator.forget(req_id)
+                self._drafter_lost.discard(req_id)
             request = self.requests.get(req_id)
             n_prompt = request.num_prompt_tokens if request is not None else 0
-            reqs.append([req_id, list(drafted), accepted, ids, reason, n_prompt])
+            reqs.append([req_id, list(drafted), accepted, ids, reason, n_prompt, lost])
 
         if tap.seq % 256 == 0:  # requests aborted by their client never report a finish
             for rid in [r for r in self._estimator.per_request if r not in self.requests]:

@@ -169,7 +169,8 @@ def request_from_line(d: dict[str, Any]) -> RequestResult:
         ]
         steps.append(Step(index=index, t=s.get("t", 0.0), wall_s=s.get("wall_s", 0.0), batch_size=bs, k=k,
                           drafted=list(drafted) if drafted is not None else None, num_drafted=num_drafted,
-                          accepted=s["accepted"], emitted=emitted, tokens=tokens, rejected=rejected))
+                          accepted=s["accepted"], emitted=emitted, tokens=tokens, rejected=rejected,
+                          drafter_idle=bool(s.get("drafter_idle", False))))
     if steps:
         steps[-1].finish_reason = d.get("finish_reason")
     wall = d.get("wall_s") or 0.0

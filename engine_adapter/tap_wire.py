@@ -21,7 +21,9 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
                (live K policies' commands and the slot auction included)
 - dropped:     messages dropped so far because no reader kept up
 - reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
-               finish_reason_or_None, num_prompt_tokens]
+               finish_reason_or_None, num_prompt_tokens, drafter_idle]
+               (drafter_idle: the draft model skipped this request at a K=0
+               step, so it drafts nothing for it any more; see idle_drafter.py)
 - controls:    control messages applied so far (an acknowledgement: the step
                that first carries n was scheduled under the n-th command)
 - auction:     None, or the slot auction's decision for this step:
@@ -41,6 +43,9 @@ TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 #   {"auction": {"cost": CostModel.to_dict(), "prior": p, "strength": m}}
 #                                             the slot auction (K = k_max, trimmed per request)
 CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"
+# vLLM's --worker-cls for a draft model that idles at K=0; the tap reads it from
+# vLLM's config to know that the requests of a K=0 step lost their drafter.
+IDLE_DRAFTER_WORKER = "engine_adapter.idle_drafter.IdleDrafterWorker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +56,7 @@ class TapRequestStep:
     emitted: list[int]  # ids appended to the output (accepted + 1, or fewer at a stop)
     finish_reason: str | None
     num_prompt_tokens: int
+    drafter_idle: bool = False
 
 
 @dataclass(frozen=True, slots=True)

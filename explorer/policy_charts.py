@@ -81,6 +81,9 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
                                  text=[f"now: {b:.0f} req, K={k:.0f}"], textposition="top center"))
     drafter = (f"; drafter {cost.draft_s * 1e3:.1f} ms + {cost.draft_s_per_req * 1e3:.2f} ms/request per position"
                if cost.draft_s or cost.draft_s_per_req else "")
+    if cost.first_s or cost.first_s_per_req:  # an idle drafter: none of it at K=0
+        drafter += (f", first pass {cost.first_s * 1e3:.1f} ms + {cost.first_s_per_req * 1e3:.2f} ms/request"
+                    " (skipped at K=0)")
     fig.update_layout(
         title=dict(text=f"{title}<br><sup>fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
                         f"token past the knee{drafter} (rmse {cost.rmse_s * 1e3:.1f} ms)</sup>"),

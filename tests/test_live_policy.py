@@ -86,7 +86,9 @@ async def test_bad_tables_are_refused_and_the_engine_keeps_going(live_engine):
     await live_engine.client.set_k(2)
     r = await run(live_engine, PROMPTS[0], max_tokens=24)
     check_invariants(r)
-    assert {s.k for s in r.steps[1:]} == {2}
+    # the command travels beside the request: a busy machine may schedule a step or two first
+    ks = [s.k for s in r.steps[1:]]
+    assert 2 in ks[:3] and set(ks[ks.index(2):]) == {2}, ks
     assert r.spec_decode_metrics["num_spec_tokens"] == 4  # the engine's k_max
 
 
@@ -169,3 +171,37 @@ async def test_the_auction_runs_on_the_sync_ngram_drafter(live_ngram, engines):
     while not q.empty():
         steps.append(q.get_nowait())
     assert auction_steps(steps), "no step ran under the auction"
+
+
+# --- the idle drafter: no draft-model pass at K=0, and no drafts after it for the requests it skipped
+
+async def _steps_of(engine, prompt: str, max_tokens: int):
+    r = await run(engine, prompt, max_tokens=max_tokens)
+    check_invariants(r)
+    return r
+
+
+async def test_an_idle_drafter_skips_k0_steps_and_stays_lossless(live_engine, engines):
+    assert live_engine.process.config.drafter_idles
+    plain = await engines.get("off")
+    long_ref = await run(plain, PROMPTS[0], max_tokens=400)
+    short_ref = await run(plain, PROMPTS[1], max_tokens=8)
+    # K=0 while two requests run, K=4 when one is left; sent together, they share steps
+    await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
+    long, short = await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 400),
+                                       _steps_of(live_engine, PROMPTS[1], 8))
+    assert long.token_ids == long_ref.token_ids and short.token_ids == short_ref.token_ids
+    # a step shared by both ran at K=0, so the drafter skipped them: flagged, and never drafted again
+    shared = [s for s in long.steps if s.batch_size >= 2]
+    assert shared and all(s.k == 0 for s in shared)
+    lost_at = next(s.index for s in long.steps if s.drafter_idle)
+    assert lost_at <= shared[0].index + 1
+    alone_after = [s for s in long.steps if s.index > shared[-1].index + 1 and s.batch_size == 1]
+    assert alone_after and all(s.k == 4 for s in alone_after), [(s.index, s.batch_size, s.k) for s in long.steps]
+    assert all(s.num_drafted == 0 and s.drafter_idle for s in alone_after)
+    # a request that starts alone drafts at K=4 again, from a drafter cache that is whole
+    fresh = await _steps_of(live_engine, PROMPTS[2], 24)
+    assert not any(s.drafter_idle for s in fresh.steps)
+    assert sum(s.num_drafted for s in fresh.steps) > 0 and sum(s.accepted for s in fresh.steps) > 0
+    log = live_engine.process.log_path.read_text(errors="replace")
+    assert "skips its pass in steps with K=0" in log and "the draft model's pass is skipped" in log
