@@ -31,6 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k-max", type=int, default=5,
                    help="live K policies (fixed K, table, auto, auction switch without a restart): vLLM runs with "
                         "num_speculative_tokens = K-MAX and a K table; 0 = a plain fixed-K engine")
+    p.add_argument("--standing-drafter", action="store_true",
+                   help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles "
+                        "at K=0 and the requests it skipped get no more drafts; README, 'Idle drafter')")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16")
@@ -55,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
         k_table = validate_k_table(args.k_table) if args.k_table else None
         config = EngineConfig(method=args.method, k=args.k, k_table=k_table, target=args.target,
                               draft=args.draft, dtype=args.dtype, max_model_len=args.max_model_len,
-                              kv_cache_gib=args.kv_cache_gib)
+                              kv_cache_gib=args.kv_cache_gib, idle_drafter=not args.standing_drafter)
         if args.k_max > 0 and args.method != "off":
             config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))
         config.validate()

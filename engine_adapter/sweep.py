@@ -143,7 +143,8 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
         ctl = counts = None
         if live_pols:
             k_max = k_needed(live_pols, args.k_max)
-            cfg = EngineConfig(method=args.method, k=min(3, k_max), k_max=k_max, **base)
+            cfg = EngineConfig(method=args.method, k=min(3, k_max), k_max=k_max,
+                               idle_drafter=not args.standing_drafter, **base)
             _say(f"== starting the {args.method} engine for live policies (num_speculative_tokens={k_max})")
             engines["live"] = live = await LiveEngine.launch(cfg)
             ctl = PolicyController(live.client, k_max, max_seqs)
@@ -205,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k-max", type=int, default=5, help="K range for auto and auction (default 5)")
     p.add_argument("--by-category", action="store_true", help="measure each prompt category on its own")
     p.add_argument("--reprofile", action="store_true", help="profile the cost model even if cached")
+    p.add_argument("--standing-drafter", action="store_true",
+                   help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles)")
     p.add_argument("--min-requests", type=int, default=4)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)

@@ -45,6 +45,14 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
         f"- num_spec_steps **{m['num_spec_steps']}** verify steps · drafted **{m['num_draft_tokens']}** · "
         f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**.",
     ]
+    idle = next((s for s in result.steps if s.drafter_idle), None)
+    if idle is not None:
+        lines.append(
+            f"- **drafter idle from step {idle.index}**: the load put K at 0, the draft model skipped this "
+            f"request to save its cost, and it drafts nothing more for it (the last "
+            f"{sum(len(s.emitted) for s in result.steps if s.index >= idle.index)} tokens came from the target "
+            "alone). New requests draft again when K comes back."
+        )
     return "\n\n".join(lines[:1]) + "\n\n" + "\n".join(lines[1:])
 
 

@@ -70,6 +70,8 @@ def _tip(tok: Token, step: Step) -> str:
         lines.append(f"replaced draft id {step.drafted[step.accepted]}")
     if step.drafted is None and step.num_drafted:
         lines.append("(attached server: draft ids unknown, counts only)")
+    if step.drafter_idle:
+        lines.append("drafter idle for this request: it skipped the request at a K=0 step, so no drafts")
     return inert("\n".join(lines))
 
 

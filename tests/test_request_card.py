@@ -1,0 +1,50 @@
+"""The request card and the token tooltips say when an idle drafter dropped the request."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_adapter.records import RequestResult, Step, Token
+from explorer.request_card import card_markdown
+from explorer.token_view import token_view_value
+
+METRICS = {
+    "mean_acceptance_length": 1.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [1, 1],
+    "num_spec_steps": 2, "num_accepted_draft_tokens": 1, "num_draft_tokens": 2, "num_spec_tokens": 1,
+}
+
+
+def _step(index: int, emitted: list[int], drafted: list[int], accepted: int, idle: bool) -> Step:
+    kinds = ["prefill"] if index == 0 else (["accepted"] * accepted + ["recovered" if drafted else "plain"])
+    tokens = [Token(id=t, text=f"t{t}", kind=k, step=index, draft_pos=None, k=len(drafted), batch_size=2)
+              for t, k in zip(emitted, kinds)]
+    return Step(index=index, t=float(index), wall_s=0.01, batch_size=2, k=len(drafted), drafted=drafted,
+                num_drafted=len(drafted), accepted=accepted, emitted=emitted, tokens=tokens, drafter_idle=idle)
+
+
+def _result(steps: list[Step]) -> RequestResult:
+    ids = [t for s in steps for t in s.emitted]
+    return RequestResult(
+        request_id="r", prompt="p", text="", token_ids=ids, kinds=[], steps=steps, provenance="tap",
+        spec_decode_metrics=METRICS, tap_metrics=None, finish_reason="length", num_prompt_tokens=3,
+        t_start=0.0, t_first_token=0.1, t_end=1.0,
+    )
+
+
+@pytest.mark.parametrize("idle_from, says", [
+    (None, None),
+    (2, "drafter idle from step 2"),  # steps 2 and 3: 1 + 1 tokens from the target alone
+    (1, "drafter idle from step 1"),
+], ids=["never", "late", "early"])
+def test_the_card_says_when_the_drafter_went_idle(idle_from, says):
+    steps = [_step(0, [1], [], 0, False), _step(1, [2, 3], [9], 1, idle_from == 1),
+             _step(2, [4], [], 0, idle_from is not None), _step(3, [5], [], 0, idle_from is not None)]
+    card = card_markdown(_result(steps))
+    tips = [t["tip"] for s in token_view_value(steps)["steps"] for t in s["t"]]
+    if says is None:
+        assert "drafter idle" not in card and not any("drafter idle" in t for t in tips)
+    else:
+        assert says in card
+        n_after = sum(len(s.emitted) for s in steps if s.index >= idle_from)
+        assert f"the last {n_after} tokens came from the target alone" in card
+        assert sum("drafter idle" in t for t in tips) == n_after
