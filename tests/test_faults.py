@@ -14,14 +14,10 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
-from gradio_client import Client
 
 from engine_adapter.client import EngineClient, RequestError
 from engine_adapter.engine_config import EngineConfig
@@ -34,9 +30,9 @@ from engine_adapter.token_text import load_tokenizer
 from engine_adapter.watchdog import Backoff, HealthJudge, WatchdogSettings, backoff_delay, describe_exit
 from explorer.ui import status_markdown
 from tests.conftest import tiny_config
+from tests.support.app_process import start_app, wait_ready
 from tests.test_launcher import processes_mentioning, wait_gone
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 # --- back-off, exit words, verdicts (pure) ------------------------------------------------------
@@ -477,33 +473,15 @@ async def test_a_user_restart_during_the_back_off_wins(service, tiny):
 # --- nothing outlives the app, however it exits ----------------------------------------------------
 
 def test_no_engine_survives_a_sigkilled_app(tiny, tmp_path):
-    port = free_port()
-    log = tmp_path / "app.log"
     marker = str(tiny.random)  # only this test starts an engine on it
-    cmd = [sys.executable, "app.py", "--port", str(port), "--method", "off", "--target", marker,
-           "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"]
-    with log.open("wb") as out:
-        app = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    app = start_app(["--method", "off", "--target", marker, "--dtype", "float32", "--max-model-len", "1024",
+                     "--kv-cache-gib", "1"], tmp_path / "app.log")
     try:
-        deadline = time.monotonic() + 300
-        client = None
-        while time.monotonic() < deadline:
-            assert app.poll() is None, log.read_text()[-3000:]
-            try:
-                if client is None and httpx.get(url, timeout=2).status_code == 200:
-                    client = Client(url, verbose=False)
-                if client is not None and "● **Engine ready**" in client.predict(api_name="/status"):
-                    break
-            except (httpx.HTTPError, ValueError):
-                pass
-            time.sleep(1)
-        else:
-            pytest.fail("the app's engine never became ready:\n" + log.read_text()[-3000:])
+        wait_ready(app, lambda status: "● **Engine ready**" in status)
         assert len(processes_mentioning(marker)) >= 2  # the supervisor and vLLM's server (+ engine core)
-        app.send_signal(signal.SIGKILL)  # no clean-up code of ours runs
-        app.wait()
+        app.proc.send_signal(signal.SIGKILL)  # no clean-up code of ours runs
+        app.proc.wait()
         assert wait_gone(marker, 30) == [], "the engine outlived a SIGKILLed app"
     finally:
-        if app.poll() is None:
-            os.killpg(app.pid, signal.SIGKILL)
+        if app.proc.poll() is None:
+            os.killpg(app.proc.pid, signal.SIGKILL)
