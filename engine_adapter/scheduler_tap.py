@@ -141,14 +141,19 @@ class _TapMixin:
         proposes, admitted or not.
         """
         cost = self._auction_cost
-        if cost is None or not self.running:
+        if cost is None or not (self.running or self.waiting):
             return None
         est = self._estimator
-        b = len(self.running)
-        full = {r.request_id: est.scores(r.request_id, self.num_spec_tokens) for r in self.running}
-        ceiling, _ = best_ceiling(full, cost, b)
+        # the step's batch: the running requests and the waiting ones it can take in
+        fresh = list(self.waiting)[:max(self.scheduler_config.max_num_seqs - len(self.running), 0)]
+        b = len(self.running) + len(fresh)
+        # the ceiling pays off only for requests that can draft: not those an idle drafter
+        # dropped, and the new ones at the pooled estimate (so drafting resumes when load falls)
+        able = [r for r in self.running if r.request_id not in self._drafter_lost] + fresh
+        full = {r.request_id: est.scores(r.request_id, self.num_spec_tokens) for r in able}
+        ceiling = best_ceiling(full, cost, b)[0] if full else 0
         self.dynamic_sd_lookup = [ceiling] * len(self.dynamic_sd_lookup)
-        drafting = [r for r in self.running if r.spec_token_ids]
+        drafting = [r for r in self.running if r.spec_token_ids]  # lost ones were trimmed already
         if not drafting:
             return [0, [], ceiling]
         scores = {r.request_id: full[r.request_id][:len(r.spec_token_ids)] for r in drafting}

@@ -205,3 +205,19 @@ async def test_an_idle_drafter_skips_k0_steps_and_stays_lossless(live_engine, en
     assert sum(s.num_drafted for s in fresh.steps) > 0 and sum(s.accepted for s in fresh.steps) > 0
     log = live_engine.process.log_path.read_text(errors="replace")
     assert "skips its pass in steps with K=0" in log and "the draft model's pass is skipped" in log
+
+
+async def test_the_auction_drafts_again_for_new_requests_when_the_load_falls(live_engine, engines):
+    """Drafting pays at one request, not at two (the drafter's first pass costs 0.25 s per request)."""
+    plain = await engines.get("off")
+    refs = [await run(plain, p, max_tokens=n) for p, n in ((PROMPTS[0], 300), (PROMPTS[1], 100), (PROMPTS[2], 24))]
+    await live_engine.client.set_auction(CostModel(0.1, 0.0, 0, first_s_per_req=0.25), prior=0.95)
+    pair = await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 300), _steps_of(live_engine, PROMPTS[1], 100))
+    assert all(any(s.drafter_idle for s in r.steps) for r in pair), "two requests: the drafter should idle"
+    # left alone, the long one cannot draft any more: the auction does not run the drafter for it
+    tail = [s for s in pair[0].steps if s.drafter_idle and s.batch_size == 1][2:]  # past the placeholder lag
+    assert tail and all(s.k == 0 for s in tail), [(s.index, s.batch_size, s.k) for s in pair[0].steps]
+    alone = await _steps_of(live_engine, PROMPTS[2], 24)  # the engine is empty again
+    assert not any(s.drafter_idle for s in alone.steps)
+    assert sum(s.num_drafted for s in alone.steps) > 0, [(s.index, s.k, s.num_drafted) for s in alone.steps]
+    assert [r.token_ids for r in (*pair, alone)] == [r.token_ids for r in refs]
