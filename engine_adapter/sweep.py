@@ -16,8 +16,7 @@ profiled once (or read from the per-machine cache).
 Policies are interleaved within each concurrency level (c=1: every policy,
 then c=2: ...), so the ones compared at a level ran minutes apart at most,
 not a whole sweep apart. For each (policy, concurrency[, category]) a closed
-loop runs max(C, --min-requests) prompts, rounded up to whole rounds of the
-(category's) prompt set; the tap gives server-wide step counts.
+loop runs max(C, --min-requests) prompts; the tap gives server-wide step counts.
 
 FILE is JSONL with a "prompt" per line and optionally a "category";
 --by-category measures each category on its own and adds a ``category`` column.
@@ -168,9 +167,9 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
         rows = []
         for c in args.concurrency:
             for cat, prompts in by_cat.items():
-                # whole rounds of the prompt set, so every level weighs each prompt alike
-                # (acceptance is a property of the text: a different mix would move it)
-                n = -(-max(c, args.min_requests) // len(prompts)) * len(prompts)
+                # one wave of C (more would leave a tail at a lower batch size); with few
+                # requests the prompt mix differs by level, which moves pooled acceptance
+                n = max(c, args.min_requests)
                 batch = [prompts[i % len(prompts)] for i in range(n)]
                 for pol in policies:
                     if pol.spec is None:
