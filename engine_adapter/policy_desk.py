@@ -96,7 +96,7 @@ class PolicyDesk:
         ctl.cost = load_cached(config_cache_path(config), config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
         if ctl.cost is None:
-            self._tasks.append(asyncio.create_task(self._profile(restore=spec)))
+            self._start_profile(spec)
         self._tasks.append(asyncio.create_task(self._auto_loop()))
 
     async def engine_gone(self) -> None:
@@ -138,11 +138,16 @@ class PolicyDesk:
         if self._profiling is not None:
             return
         spec = self.controller.state.spec if self.controller.state else PolicySpec("fixed", 3)
-        self._tasks.append(asyncio.create_task(self._profile(restore=spec)))
+        self._start_profile(spec)
+
+    def _start_profile(self, restore: PolicySpec) -> None:
+        # said before the task runs: the engine must never look ready-and-idle while
+        # profiling is about to switch K under everyone's requests
+        self._profiling = "profiling step time: starting"
+        self._tasks.append(asyncio.create_task(self._profile(restore=restore)))
 
     async def _profile(self, restore: PolicySpec) -> None:
         ctl, cfg = self.controller, self._config
-        self._profiling = "profiling step time: starting"
         try:
             cost = await profile_engine(
                 ctl.client, self._prompts, ctl.k_max, cfg.method == "draft",
