@@ -76,3 +76,13 @@ def test_figures_render_with_and_without_data():
     assert list(fig.data[0].y) == ["your request", "neighbour 1"]
     assert fig.data[0].text[0][1].endswith("✓") and fig.data[0].text[1][0].endswith("✗")
     assert "No step has run under the auction" in auction_figure([], None).layout.annotations[0].text
+
+
+def test_the_auction_grid_says_when_nobody_drafts():
+    """Under the auction with the drafter idle (ceiling 0) no request bids: the grid says so."""
+    from dataclasses import replace
+
+    idle = replace(step(7, 16, 0, 16, 0.3), auction_slots=0, auction_ceiling=0)
+    text = auction_figure([idle], "mine").layout.annotations[0].text
+    assert "engine step 7: 16 requests, none drafting: 0 slots admitted" in text
+    assert "proposes 0 next" in text
