@@ -91,7 +91,6 @@ class _TapMixin:
         # its cache has holes for them, so they are never drafted again
         self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
         self._drafter_lost: set[str] = set()
-        self._schedules = 0
         if control and self.dynamic_sd_lookup is not None:
             # Live K policies rewrite vLLM's own dense batch-size -> K lookup,
             # which exists only when the engine started with a K table.
@@ -171,9 +170,6 @@ class _TapMixin:
         for r in self.running:
             if r.spec_token_ids and r.request_id in self._drafter_lost:
                 r.spec_token_ids = []
-        self._schedules += 1
-        if self._schedules % 256 == 0:  # aborted requests never report a finish
-            self._drafter_lost &= self.requests.keys()
 
     def schedule(self, *args, **kwargs):
         decision = None
@@ -258,6 +254,7 @@ class _TapMixin:
             reqs.append([req_id, list(drafted), accepted, ids, reason, n_prompt, lost])
 
         if tap.seq % 256 == 0:  # requests aborted by their client never report a finish
+            self._drafter_lost &= self.requests.keys()  # (the idle drafter needs the tap)
             for rid in [r for r in self._estimator.per_request if r not in self.requests]:
                 self._estimator.forget(rid)
         now = time.monotonic()
