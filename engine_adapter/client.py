@@ -178,7 +178,8 @@ class EngineClient:
         """The slot auction under ``cost``: drafts of K = k_max, trimmed per request, live."""
         if self._control is None:
             raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
-        msg = {"auction": {"cost": cost.to_dict() | {"points": []}, "prior": prior, "strength": strength}}
+        # with its measured cells: the auction prices a measured (b, K) as measured
+        msg = {"auction": {"cost": cost.to_dict(), "prior": prior, "strength": strength}}
         await self._control.send(encode_control(msg))
         self.controls_sent += 1
 

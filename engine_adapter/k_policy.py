@@ -118,10 +118,13 @@ def auction(
         key=lambda x: (-x[0], x[1], x[2]),
     )
     fixed = cost.draft_cost_s(b, k_drafted)
+    # where the step (b, K) was measured, admitting every slot costs what was measured,
+    # as ``step_s`` answers for the auto table; the fit's slope prices the trimmed slots
+    fixed += cost.step_s(b, k_drafted) - cost.fit_step_s(b, k_drafted)
     gain = [float(b)]
     for s, _, _ in order:
         gain.append(gain[-1] + s)
-    rate = [g / (cost.verify_s(b + n) + fixed) for n, g in enumerate(gain)]
+    rate = [g / max(cost.verify_s(b + n) + fixed, 1e-9) for n, g in enumerate(gain)]
     best = max(range(len(rate)), key=lambda n: (rate[n], -n))
     admitted = {rid: 0 for rid in scores}
     for _, _, rid in order[:best]:

@@ -215,3 +215,22 @@ def test_step_s_prefers_the_measured_cell():
     assert fit.step_s(2, 3) == 0.5  # measured (5 steps)
     assert fit.step_s(1, 0) == pytest.approx(0.1)  # 2 steps are too few: the fit
     assert fit.step_s(4, 1) == pytest.approx(0.1 + 0.01 * 4)  # not measured: the fit
+
+
+# The auction prices a measured (b, K) cell as measured, like the auto table's step_s:
+# b=4, first pass 35 ms/request, fit says K=0 costs 229 ms; the cell measured 186 ms.
+_FIT = CostModel(0.229, 0.007, 24, draft_s=0.065, draft_s_per_req=0.017, first_s_per_req=0.035)
+_CELL = CostPoint(4, 0, 4, 0.186, samples=9)
+
+
+@pytest.mark.parametrize("points, ceiling", [
+    ((), 1),  # on the fit alone, drafting looks worth it for these scores
+    ((_CELL,), 0),  # the measured K=0 step is cheaper: as the auto table would, draft nothing
+], ids=["fit-only", "measured-k0"])
+def test_the_auction_prices_measured_cells_as_measured(points, ceiling):
+    cost = CostModel(**{**_FIT.__dict__, "points": points})
+    scores = {f"r{i}": [0.8, 0.6, 0.4] for i in range(4)}
+    k, rates = best_ceiling(scores, cost, 4)
+    assert k == ceiling, rates
+    if points:  # full admission at the measured cell costs exactly the measured step
+        assert auction({r: s[:0] for r, s in scores.items()}, cost, 4, k_drafted=0).step_s == pytest.approx(0.186)
