@@ -33,6 +33,7 @@ from engine_adapter.engine_config import EngineConfig
 from engine_adapter.load import run_prompts
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.presets import load_presets
+from engine_adapter.records import RequestResult
 
 
 def mixed_prompts(categories: list[str] | None) -> list[str]:
@@ -52,6 +53,13 @@ def prompts_for(presets: list[str], n: int) -> list[str]:
 
 
 async def measure(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int) -> dict[str, Any]:
+    return (await measure_results(engine, prompts, concurrency, max_tokens))[0]
+
+
+async def measure_results(
+    engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int
+) -> tuple[dict[str, Any], list[RequestResult]]:
+    """``measure``'s figures and the requests' own results (in prompt order)."""
     t0 = time.monotonic()
     results = await run_prompts(engine.client, prompts, concurrency, max_tokens=max_tokens)
     wall = time.monotonic() - t0
@@ -69,7 +77,7 @@ async def measure(engine: LiveEngine, prompts: list[str], concurrency: int, max_
         "per_request_tokens_per_s": round(statistics.mean(r.tokens_per_second for r in results), 3),
         "mean_acceptance_length": round(1 + accepted / steps, 4) if steps else None,
         "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else None,
-    }
+    }, results
 
 
 def _config(args: argparse.Namespace, method: str, tap: bool = True) -> EngineConfig:

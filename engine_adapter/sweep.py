@@ -23,8 +23,11 @@ FILE is JSONL with a "prompt" per line and optionally a "category";
 
 CSV columns: policy, concurrency, total_tokens_per_s, per_request_tokens_per_s,
 mean_accepted_per_step, effective_k, draft_acceptance_rate (+ category), then
-acceptance_per_position (kept/tested per draft position, space-separated). A
-table is printed, then a JSON last line.
+acceptance_per_position (kept/tested per draft position, space-separated,
+pooled over the level's steps) and acceptance_per_position_per_text (the same
+with each distinct prompt weighted once, so levels that ran the prompts a
+different number of times compare the same texts). A table is printed, then a
+JSON last line.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from typing import Any
 
 import pandas as pd
 
-from engine_adapter.bench import measure
+from engine_adapter.bench import measure, measure_results
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, KTable, validate_k_table
 from engine_adapter.k_policy import PositionCounts
@@ -48,6 +51,7 @@ from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.policy_control import PolicyController, PolicySpec
 from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.record import read_prompts
+from engine_adapter.records import RequestResult
 
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
@@ -81,12 +85,47 @@ def k_needed(policies: list[Policy], k_max: int) -> int:
     return max(ks, default=k_max) or 1
 
 
+def acceptance_per_text(results: list[RequestResult]) -> list[float]:
+    """Acceptance per draft position with every distinct prompt weighted once.
+
+    A level runs max(C, --min-requests) requests cycling through the prompts, so
+    pooled counts weigh the texts differently at each level (c=1: 1/1/1, c=16:
+    6/5/5). Each prompt's counts are averaged over its requests, then pooled over
+    prompts: the same texts give the same figure at every level unless the load
+    changed what the engine accepted. Position i (1-based) is tested when every
+    draft before it was kept. Returns kept/tested per position, while tested > 0.
+    """
+    per_prompt: dict[str, tuple[list[int], list[int], int]] = {}
+    for r in results:
+        acc, reached, n = per_prompt.get(r.prompt, ([], [], 0))
+        for s in r.steps:
+            for i in range(min(s.num_drafted, s.accepted + 1)):
+                if i >= len(reached):
+                    acc.append(0)
+                    reached.append(0)
+                reached[i] += 1
+                acc[i] += i < s.accepted
+        per_prompt[r.prompt] = (acc, reached, n + 1)
+    k = max((len(reached) for _, reached, _ in per_prompt.values()), default=0)
+    kept, tested = [0.0] * k, [0.0] * k
+    for acc, reached, n in per_prompt.values():
+        for i in range(len(reached)):
+            kept[i] += acc[i] / n
+            tested[i] += reached[i] / n
+    out = []
+    for a, t in zip(kept, tested):
+        if not t:
+            break
+        out.append(a / t)
+    return out
+
+
 async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int,
                          counts: PositionCounts | None = None) -> dict[str, Any]:
     """bench.measure's throughput plus the tap's server-wide step counts."""
     watch = engine.client.tap.watch()
     try:
-        m = await measure(engine, prompts, concurrency, max_tokens)
+        m, results = await measure_results(engine, prompts, concurrency, max_tokens)
         await asyncio.sleep(0.05)  # the tap's last messages
         steps = []
         while not watch.empty():
@@ -110,6 +149,8 @@ async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: in
         "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else None,
         # raw measured acceptance per draft position (kept / tested), no prior
         "acceptance_per_position": " ".join(f"{a / r:.4f}" for a, r in zip(here.accepted, here.reached) if r),
+        # the same, each distinct prompt weighted once: comparable across levels
+        "acceptance_per_position_per_text": " ".join(f"{a:.4f}" for a in acceptance_per_text(results)),
     }
 
 
@@ -187,7 +228,8 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
     finally:
         for e in engines.values():
             await e.close()
-    cols = COLUMNS + (["category"] if args.by_category else []) + ["acceptance_per_position"]
+    cols = COLUMNS + (["category"] if args.by_category else []) + [
+        "acceptance_per_position", "acceptance_per_position_per_text"]
     order = {p.name: i for i, p in enumerate(policies)}
     df = pd.DataFrame(rows, columns=cols)
     keys = ["category"] if args.by_category else []

@@ -7,7 +7,9 @@ Targets (per category when the CSV has one):
    best of (off, k1, k3, k5) at that concurrency;
 2. at concurrency 1, ``auction`` >= 1.3 x ``off`` on code prompts;
 3. per-position acceptance at the highest concurrency within 0.05 of
-   concurrency 1 for each fixed K (the text did not change, only the load).
+   concurrency 1 for each fixed K (the text did not change, only the load):
+   on ``acceptance_per_position_per_text`` (each prompt weighted once, so
+   both levels weigh the same texts alike) where the CSV has it.
 
 Prints a table per target, then a JSON last line with every check.
 """
@@ -47,19 +49,22 @@ def check(df: pd.DataFrame) -> list[dict]:
             r = tps.loc[1, "auction"] / tps.loc[1, "off"]
             out.append({"target": "auction >= 1.3 x off at c=1, code", "category": cat, "policy": "auction",
                         "concurrency": 1, "value": round(r, 3), "ok": bool(r >= 1.3)})
-        if "acceptance_per_position" in d.columns:
+        # same texts at both levels where the sweep measured it (older CSVs: pooled)
+        col = next((c for c in ("acceptance_per_position_per_text", "acceptance_per_position")
+                    if c in d.columns), None)
+        if col is not None:
             c_hi = d["concurrency"].max()
             for policy in [p for p in d["policy"].unique() if p.startswith("k")]:
                 lo = d[(d["policy"] == policy) & (d["concurrency"] == d["concurrency"].min())]
                 hi = d[(d["policy"] == policy) & (d["concurrency"] == c_hi)]
                 if lo.empty or hi.empty:
                     continue
-                a = [float(x) for x in str(lo["acceptance_per_position"].iloc[0]).split()]
-                b = [float(x) for x in str(hi["acceptance_per_position"].iloc[0]).split()]
+                a = [float(x) for x in str(lo[col].iloc[0]).split()]
+                b = [float(x) for x in str(hi[col].iloc[0]).split()]
                 diff = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
                 out.append({"target": f"acceptance per position, c={int(c_hi)} vs c=1", "category": cat,
                             "policy": policy, "concurrency": int(c_hi), "value": round(diff, 3),
-                            "ok": bool(diff <= 0.05)})
+                            "column": col, "ok": bool(diff <= 0.05)})
     return out
 
 

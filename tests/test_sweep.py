@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.policy_control import PolicySpec
-from engine_adapter.sweep import COLUMNS, Policy, k_needed, parse_policy
+from engine_adapter.records import RequestResult, Step
+from engine_adapter.sweep import COLUMNS, Policy, acceptance_per_text, k_needed, parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = [(1, 2, 3), (3, 64, 0)]
@@ -51,6 +52,30 @@ def test_the_live_engine_drafts_as_far_as_any_policy_asks(names, k_max, expected
     assert k_needed([parse_policy(n, TABLE) for n in names], k_max) == expected
 
 
+def _result(prompt: str, steps: list[tuple[int, int]]) -> RequestResult:
+    """A request whose steps verified (drafted, accepted) drafts."""
+    return RequestResult(
+        request_id="r", prompt=prompt, text="", token_ids=[], kinds=[], provenance=None,
+        steps=[Step(index=i, t=0.0, wall_s=0.0, batch_size=1, k=d, drafted=None, num_drafted=d,
+                    accepted=a, emitted=[]) for i, (d, a) in enumerate(steps)],
+        spec_decode_metrics=None, tap_metrics=None, finish_reason="length", num_prompt_tokens=1,
+        t_start=0.0, t_first_token=None, t_end=0.0)
+
+
+# "a" keeps both drafts, "b" rejects its first: pooled over 1 a + 1 b the first
+# position is 1/2; over 3 a + 1 b it would read 3/4, so per text it stays 1/2
+@pytest.mark.parametrize("results, expected", [
+    ([], []),
+    ([_result("a", [(0, 0)])], []),  # the prefill step drafts nothing
+    ([_result("a", [(2, 2)]), _result("b", [(2, 0)])], [0.5, 1.0]),
+    ([_result("a", [(2, 2)])] * 3 + [_result("b", [(2, 0)])], [0.5, 1.0]),
+    ([_result("a", [(3, 1), (3, 3)])], [1.0, 0.5, 1.0]),  # 2 kept of 2, 1 of 2, 1 of 1
+    ([_result("a", [(2, 1)]), _result("a", [(2, 2)])], [1.0, 0.5]),  # a's two requests averaged
+], ids=["none", "no-drafts", "one-each", "repeated-text", "positions", "same-text-differs"])
+def test_acceptance_per_text_weighs_each_prompt_once(results, expected):
+    assert acceptance_per_text(results) == pytest.approx(expected)
+
+
 def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
@@ -63,7 +88,7 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + ["acceptance_per_position"]
+    assert list(rows[0].keys()) == COLUMNS + ["acceptance_per_position", "acceptance_per_position_per_text"]
     assert [(r["policy"], r["concurrency"]) for r in rows] == [
         (p, c) for p in ("off", "k2", "table", "auto", "auction") for c in ("1", "2")]
     by = {(r["policy"], int(r["concurrency"])): r for r in rows}
@@ -71,6 +96,7 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     assert float(by[("k2", 1)]["effective_k"]) == pytest.approx(2.0)
     assert float(by[("k2", 1)]["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
     assert by[("k2", 1)]["acceptance_per_position"] == "1.0000 1.0000"
+    assert by[("k2", 2)]["acceptance_per_position_per_text"] == "1.0000 1.0000"
     assert float(by[("table", 1)]["effective_k"]) == pytest.approx(3.0)
     # at concurrency 2 the table says K=0 for most steps (batch size 2); a lone request may still draft
     assert float(by[("table", 2)]["effective_k"]) <= 3.0
@@ -93,5 +119,6 @@ def test_by_category_adds_the_column(tiny, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + ["category", "acceptance_per_position"]
+    assert list(rows[0].keys()) == COLUMNS + ["category", "acceptance_per_position",
+                                            "acceptance_per_position_per_text"]
     assert sorted(r["category"] for r in rows) == ["code", "story"]

@@ -69,3 +69,7 @@ def test_sweep_targets_table():
     assert got[("policy", "auto", 16)] == (0.975, True)  # 39 / 40 (off is the best at 16)
     assert got[("auctio", "auction", 1)] == (1.3, True)
     assert got[("accept", "k3", 16)] == (0.08, False)  # position 2 moved by 0.08
+    # with the per-text column the target compares the same texts; the pooled one is ignored
+    df["acceptance_per_position_per_text"] = ["0.8 0.7"] * 4 + ["0.8 0.7", "0.79 0.73", "0.8 0.7", "0.8 0.7"]
+    acc = [c for c in check(df) if c["target"].startswith("accept")]
+    assert [(c["value"], c["ok"], c["column"]) for c in acc] == [(0.03, True, "acceptance_per_position_per_text")]
