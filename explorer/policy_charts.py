@@ -130,9 +130,10 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
         if not ran:
             return _empty(title, "No step has run under the auction yet.")
         last = ran[-1]  # the auction ran, but no request had drafts to bid with
-        return _empty(title, f"engine step {last.seq}: {last.batch_size} requests, none drafting: 0 slots admitted; "
-                             f"the drafter proposes {last.auction_ceiling} next (at 0 it idles, and the requests "
-                             "it skips draft no more)")
+        # <br>: a plotly annotation does not wrap, and one line overflows the panel
+        return _empty(title, f"engine step {last.seq}: {last.batch_size} requests, none drafting: 0 slots admitted;"
+                             f"<br>the drafter proposes {last.auction_ceiling} next"
+                             "<br>(at 0 it idles, and the requests it skips draft no more)")
     mine = [s for s in decided if foreground and any(b.request_id == foreground for b in s.bids)]
     step = (mine or decided)[-1]
     bids = sorted(step.bids, key=lambda b: (b.request_id != foreground,))[:rows]
