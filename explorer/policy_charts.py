@@ -11,6 +11,7 @@ per step; tokens per second.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
@@ -65,30 +66,35 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
                                  line=dict(color=colour, dash="dot", width=1), legendgroup=str(k),
                                  name=f"fit, K={k}", showlegend=False, hoverinfo="skip"))
     knee = max(cost.knee_tokens, 1.0)
+    # on a log axis a shape's x is in data units but an annotation's x is log10 of
+    # them (plotly), so the labels are placed here, not by add_vline/add_vrect
     if cost.knee_tokens >= 1.5:
-        fig.add_vrect(x0=1, x1=knee, fillcolor="#4c9be8", opacity=0.08, line_width=0,
-                      annotation_text="memory-bound: extra tokens ride along", annotation_position="top left")
+        fig.add_vrect(x0=1, x1=knee, fillcolor="#4c9be8", opacity=0.08, line_width=0)
+        fig.add_annotation(text="memory-bound: extra tokens ride along", showarrow=False, x=0.0, y=0.98,
+                           xref="x", yref="paper", xanchor="left", yanchor="top")
     else:
         fig.add_annotation(text="no flat region measured: every extra token costs", showarrow=False,
                            x=0.02, y=0.98, xref="paper", yref="paper", xanchor="left")
-    fig.add_vline(x=knee, line=dict(color="#4c9be8", dash="dash"),
-                  annotation_text=f"knee ≈ {cost.knee_tokens:.0f} tokens", annotation_position="bottom right")
+    fig.add_vline(x=knee, line=dict(color="#4c9be8", dash="dash"))
+    fig.add_annotation(text=f"knee ≈ {cost.knee_tokens:.0f} tokens", showarrow=False, x=math.log10(knee),
+                       y=0.02, xref="x", yref="paper", xanchor="left", yanchor="bottom")
     op = operating_point(recent)
     if op is not None:
         b, k, n, s = op
         fig.add_trace(go.Scatter(x=[max(n, 1)], y=[s * 1e3], mode="markers+text", name="now (last 5 s)",
                                  marker=dict(size=18, color="#e8554c", symbol="star"),
                                  text=[f"now: {b:.0f} req, K={k:.0f}"], textposition="top center"))
-    drafter = (f"; drafter {cost.draft_s * 1e3:.1f} ms + {cost.draft_s_per_req * 1e3:.2f} ms/request per position"
+    # its own line: the subtitle does not wrap, and one line overflowed the chart
+    drafter = (f"<br>drafter {cost.draft_s * 1e3:.1f} ms + {cost.draft_s_per_req * 1e3:.2f} ms/request per position"
                if cost.draft_s or cost.draft_s_per_req else "")
     if cost.first_s or cost.first_s_per_req:  # an idle drafter: none of it at K=0
         drafter += (f", first pass {cost.first_s * 1e3:.1f} ms + {cost.first_s_per_req * 1e3:.2f} ms/request"
                     " (skipped at K=0)")
     fig.update_layout(
         title=dict(text=f"{title}<br><sup>fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
-                        f"token past the knee{drafter} (rmse {cost.rmse_s * 1e3:.1f} ms)</sup>"),
+                        f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}</sup>"),
         height=HEIGHT + 60, xaxis=dict(type="log", title="tokens verified per step = batch x (K+1)"),
-        yaxis=dict(title="ms per step", rangemode="tozero"), margin=dict(l=50, r=10, t=70, b=40),
+        yaxis=dict(title="ms per step", rangemode="tozero"), margin=dict(l=50, r=10, t=85, b=40),
         legend=dict(orientation="h", y=-0.25),
     )
     return fig
