@@ -63,6 +63,15 @@ def step(seq, b, k, n, s, bids=()):
 COST = CostModel(0.05, 0.002, 4, points=(CostPoint(1, 0, 1, 0.05, 5), CostPoint(4, 3, 16, 0.074, 5)))
 
 
+@pytest.mark.parametrize("knee, line_at", [(0.0, 1.0), (4.0, 4.0), (24.0, 24.0), (300.0, 300.0)])
+def test_the_knee_label_sits_on_the_knee_line(knee, line_at):
+    """On the log x axis a shape's x is in tokens, an annotation's in log10(tokens)."""
+    fig = step_time_figure(CostModel(**{**COST.__dict__, "knee_tokens": knee}), [])
+    label = next(a for a in fig.layout.annotations if a.text.startswith("knee"))
+    line = next(s for s in fig.layout.shapes if s.type == "line")
+    assert (line.x0, label.x) == (line_at, pytest.approx(math.log10(line_at)))
+
+
 def test_figures_render_with_and_without_data():
     assert "No cost model" in step_time_figure(None, []).layout.annotations[0].text
     fig = step_time_figure(COST, [step(1, 4, 3, 16, 0.07), step(2, 4, 3, 16, 0.08)])
