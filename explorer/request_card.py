@@ -43,7 +43,7 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
         f"- **per-token acceptance α = {alpha:.3f}** — chance one draft token is kept, given those before "
         "it were (from the histogram: accepted ÷ positions tested).",
         f"- num_spec_steps **{m['num_spec_steps']}** verify steps · drafted **{m['num_draft_tokens']}** · "
-        f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**.",
+        f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**{_k_in_force(result, k)}.",
     ]
     idle = next((s for s in result.steps if s.drafter_idle), None)
     if idle is not None:
@@ -54,6 +54,18 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
             "alone). New requests draft again when K comes back."
         )
     return "\n\n".join(lines[:1]) + "\n\n" + "\n".join(lines[1:])
+
+
+def _k_in_force(result: RequestResult, num_spec_tokens: int) -> str:
+    """Under a live K policy vLLM's num_spec_tokens is the engine's maximum, not the K
+    this request's steps ran with: say which K they did run with, when it differs."""
+    if result.provenance != "tap":  # without the tap a step's K is inferred, not the scheduler's
+        return ""
+    ks = sorted({s.k for s in result.steps if s.index > 0})  # step 0 is the prefill
+    if not ks or ks == [num_spec_tokens]:
+        return ""
+    shown = str(ks[0]) if len(ks) == 1 else f"{ks[0]}–{ks[-1]}"
+    return f" (the engine's maximum; K in force for this request's steps: **{shown}**)"
 
 
 def histogram_figure(result: RequestResult | None) -> go.Figure:

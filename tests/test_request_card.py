@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine_adapter.records import RequestResult, Step, Token
@@ -48,3 +50,16 @@ def test_the_card_says_when_the_drafter_went_idle(idle_from, says):
         n_after = sum(len(s.emitted) for s in steps if s.index >= idle_from)
         assert f"the last {n_after} tokens came from the target alone" in card
         assert sum("drafter idle" in t for t in tips) == n_after
+
+
+@pytest.mark.parametrize("ks, says", [
+    ([1, 1, 1], None),  # K in force = num_spec_tokens (1): nothing to add
+    ([0, 0, 0], "K in force for this request's steps: **0**"),
+    ([0, 1, 0], "K in force for this request's steps: **0–1**"),
+], ids=["same", "all-zero", "range"])
+def test_the_card_says_which_k_the_steps_ran_with(ks, says):
+    steps = [_step(0, [1], [], 0, False)] + [
+        replace(_step(i + 1, [i + 2], [], 0, False), k=k) for i, k in enumerate(ks)]
+    card = card_markdown(_result(steps))
+    assert "num_spec_tokens (K) **1**" in card
+    assert (says in card) if says else "K in force" not in card
