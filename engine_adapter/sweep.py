@@ -17,6 +17,9 @@ Policies are interleaved within each concurrency level (c=1: every policy,
 then c=2: ...), so the ones compared at a level ran minutes apart at most,
 not a whole sweep apart. For each (policy, concurrency[, category]) a closed
 loop runs max(C, --min-requests) prompts; the tap gives server-wide step counts.
+With --repeats N every policy runs N times per level, in rounds that each start
+one policy later; the CSV gives the median run's tokens/s (and the min and max)
+and pools the step counts of all runs.
 
 FILE is JSONL with a "prompt" per line and optionally a "category";
 --by-category measures each category on its own and adds a ``category`` column.
@@ -26,8 +29,8 @@ mean_accepted_per_step, effective_k, draft_acceptance_rate (+ category), then
 acceptance_per_position (kept/tested per draft position, space-separated,
 pooled over the level's steps) and acceptance_per_position_per_text (the same
 with each distinct prompt weighted once, so levels that ran the prompts a
-different number of times compare the same texts). A table is printed, then a
-JSON last line.
+different number of times compare the same texts), runs, total_tokens_per_s_min,
+total_tokens_per_s_max. A table is printed, then a JSON last line.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import argparse
 import asyncio
 import json
 import re
+import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,10 +55,12 @@ from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.policy_control import PolicyController, PolicySpec
 from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.record import read_prompts
-from engine_adapter.records import RequestResult
+from engine_adapter.records import EngineStep, RequestResult
 
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
+EXTRA_COLUMNS = ["acceptance_per_position", "acceptance_per_position_per_text",
+                 "runs", "total_tokens_per_s_min", "total_tokens_per_s_max"]
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,17 @@ def acceptance_per_text(results: list[RequestResult]) -> list[float]:
     return out
 
 
-async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int,
-                         counts: PositionCounts | None = None) -> dict[str, Any]:
-    """bench.measure's throughput plus the tap's server-wide step counts."""
+@dataclass
+class Run:
+    """One closed-loop run of a policy at a level: what the sweep keeps of it."""
+
+    measured: dict[str, Any]  # bench.measure_results' figures (tokens/s, per-request tokens/s)
+    steps: list[EngineStep]  # the tap's server-wide steps during the run
+    results: list[RequestResult]  # the requests, for acceptance per text
+
+
+async def run_policy(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int) -> Run:
+    """bench.measure_results' run plus the tap's server-wide steps meanwhile."""
     watch = engine.client.tap.watch()
     try:
         m, results = await measure_results(engine, prompts, concurrency, max_tokens)
@@ -132,25 +146,34 @@ async def measure_policy(engine: LiveEngine, prompts: list[str], concurrency: in
             steps.append(watch.get_nowait())
     finally:
         engine.client.tap.unwatch(watch)
-    if counts is not None:
-        counts.add(steps)
+    return Run(m, steps, results)
+
+
+def row_from_runs(runs: list[Run]) -> dict[str, Any]:
+    """A CSV row's figures from a policy's runs at one level: the median run's tokens/s
+    (single runs on a small machine vary by several per cent), step counts pooled."""
+    steps = [s for r in runs for s in r.steps]
     here = PositionCounts(max((len(s.reached_per_pos) for s in steps), default=0))
     here.add(steps)
     drafted = sum(s.num_drafted for s in steps)
     accepted = sum(s.num_accepted for s in steps)
     drafting = sum(s.num_drafting for s in steps)
     request_steps = sum(s.batch_size for s in steps)
+    tps = [r.measured["tokens_per_s"] for r in runs]
     return {
-        "concurrency": concurrency,
-        "total_tokens_per_s": m["tokens_per_s"],
-        "per_request_tokens_per_s": m["per_request_tokens_per_s"],
+        "total_tokens_per_s": round(statistics.median(tps), 3),
+        "per_request_tokens_per_s": round(statistics.median(r.measured["per_request_tokens_per_s"] for r in runs), 3),
         "mean_accepted_per_step": round(accepted / request_steps, 4) if request_steps else 0.0,
         "effective_k": round(drafted / drafting, 4) if drafting else 0.0,
         "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else None,
         # raw measured acceptance per draft position (kept / tested), no prior
         "acceptance_per_position": " ".join(f"{a / r:.4f}" for a, r in zip(here.accepted, here.reached) if r),
         # the same, each distinct prompt weighted once: comparable across levels
-        "acceptance_per_position_per_text": " ".join(f"{a:.4f}" for a in acceptance_per_text(results)),
+        "acceptance_per_position_per_text": " ".join(
+            f"{a:.4f}" for a in acceptance_per_text([x for r in runs for x in r.results])),
+        "runs": len(runs),
+        "total_tokens_per_s_min": round(min(tps), 3),
+        "total_tokens_per_s_max": round(max(tps), 3),
     }
 
 
@@ -202,7 +225,7 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
                      f"+{ctl.cost.slope_s * 1e3:.2f} ms/token")
                 # acceptance for "auto" before anything else ran: one short pass at K = k_max
                 await ctl.apply(PolicySpec("fixed", k_max))
-                await measure_policy(live, all_prompts[:4], 4, args.max_tokens, counts)
+                counts.add((await run_policy(live, all_prompts[:4], 4, args.max_tokens)).steps)
         for e in engines.values():
             await measure(e, all_prompts[:1], 1, 8)  # warm-up, not reported
         rows = []
@@ -212,24 +235,32 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
                 # requests the prompt mix differs by level, which moves pooled acceptance
                 n = max(c, args.min_requests)
                 batch = [prompts[i % len(prompts)] for i in range(n)]
+                runs: dict[str, list[Run]] = {p.name: [] for p in policies}
+                for rnd in range(args.repeats):
+                    # each round starts one policy later, so none always runs first
+                    for pol in policies[rnd % len(policies):] + policies[:rnd % len(policies)]:
+                        if pol.spec is None:
+                            engine = engines["off"]
+                        else:
+                            engine = engines["live"]
+                            await ctl.apply(pol.spec, counts.alphas())
+                        run = await run_policy(engine, batch, c, args.max_tokens)
+                        if pol.spec is not None:
+                            counts.add(run.steps)
+                        runs[pol.name].append(run)
+                        _say(f"   c={c} {cat} {pol.name} run {rnd + 1}/{args.repeats}: "
+                             f"{run.measured['tokens_per_s']:.2f} tok/s")
                 for pol in policies:
-                    if pol.spec is None:
-                        engine = engines["off"]
-                    else:
-                        engine = engines["live"]
-                        await ctl.apply(pol.spec, counts.alphas())
-                    row = {"policy": pol.name, **await measure_policy(
-                        engine, batch, c, args.max_tokens, counts if pol.spec else None)}
+                    row = {"policy": pol.name, "concurrency": c, **row_from_runs(runs[pol.name])}
                     if args.by_category:
                         row["category"] = cat
-                    _say(f"   c={c} {cat} {pol.name}: {row['total_tokens_per_s']:.2f} tok/s, "
+                    _say(f"   c={c} {cat} {pol.name}: median {row['total_tokens_per_s']:.2f} tok/s, "
                          f"effective K {row['effective_k']}")
                     rows.append(row)
     finally:
         for e in engines.values():
             await e.close()
-    cols = COLUMNS + (["category"] if args.by_category else []) + [
-        "acceptance_per_position", "acceptance_per_position_per_text"]
+    cols = COLUMNS + (["category"] if args.by_category else []) + EXTRA_COLUMNS
     order = {p.name: i for i, p in enumerate(policies)}
     df = pd.DataFrame(rows, columns=cols)
     keys = ["category"] if args.by_category else []
@@ -253,12 +284,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--standing-drafter", action="store_true",
                    help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles)")
     p.add_argument("--min-requests", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per policy and level, interleaved; the CSV gives the median run's tokens/s")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.policies = args.policies.split(",")
+    if args.repeats < 1:
+        print("error: --repeats must be at least 1", file=sys.stderr)
+        return 2
     try:
         df = asyncio.run(sweep(args))
     except ValueError as e:

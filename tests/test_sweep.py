@@ -13,7 +13,8 @@ import pytest
 
 from engine_adapter.policy_control import PolicySpec
 from engine_adapter.records import RequestResult, Step
-from engine_adapter.sweep import COLUMNS, Policy, acceptance_per_text, k_needed, parse_policy
+from engine_adapter.sweep import (COLUMNS, EXTRA_COLUMNS, Policy, Run, acceptance_per_text, k_needed,
+                                  parse_policy, row_from_runs)
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = [(1, 2, 3), (3, 64, 0)]
@@ -76,6 +77,19 @@ def test_acceptance_per_text_weighs_each_prompt_once(results, expected):
     assert acceptance_per_text(results) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("tps, median, lo, hi", [
+    ([12.0], 12.0, 12.0, 12.0),
+    ([10.0, 30.0, 20.0], 20.0, 10.0, 30.0),  # the median run, not the best or the mean of outliers
+    ([10.0, 14.0], 12.0, 10.0, 14.0),
+])
+def test_a_level_reports_the_median_run(tps, median, lo, hi):
+    runs = [Run({"tokens_per_s": t, "per_request_tokens_per_s": t / 2}, [], [_result("a", [(2, 1)])]) for t in tps]
+    row = row_from_runs(runs)
+    assert (row["total_tokens_per_s"], row["total_tokens_per_s_min"], row["total_tokens_per_s_max"]) == (median, lo, hi)
+    assert row["per_request_tokens_per_s"] == median / 2 and row["runs"] == len(tps)
+    assert row["acceptance_per_position_per_text"] == "1.0000 0.0000"
+
+
 def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
@@ -88,7 +102,7 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + ["acceptance_per_position", "acceptance_per_position_per_text"]
+    assert list(rows[0].keys()) == COLUMNS + EXTRA_COLUMNS
     assert [(r["policy"], r["concurrency"]) for r in rows] == [
         (p, c) for p in ("off", "k2", "table", "auto", "auction") for c in ("1", "2")]
     by = {(r["policy"], int(r["concurrency"])): r for r in rows}
@@ -114,11 +128,14 @@ def test_by_category_adds_the_column(tiny, tmp_path):
                                  for p, c in [("def add(a, b):", "code"), ("Once upon", "story")]))
     out = tmp_path / "sweep.csv"
     cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "k1",
-           "--by-category", "--prompts", str(prompts), "--max-tokens", "8", "--min-requests", "1",
+           "--by-category", "--prompts", str(prompts), "--max-tokens", "8", "--min-requests", "1", "--repeats", "2",
            "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + ["category", "acceptance_per_position",
-                                            "acceptance_per_position_per_text"]
+    assert list(rows[0].keys()) == COLUMNS + ["category"] + EXTRA_COLUMNS
     assert sorted(r["category"] for r in rows) == ["code", "story"]
+    for r in rows:  # two runs each, the median between the extremes
+        assert r["runs"] == "2"
+        assert float(r["total_tokens_per_s_min"]) <= float(r["total_tokens_per_s"]) <= float(r["total_tokens_per_s_max"])
+    assert "run 2/2" in done.stderr
