@@ -61,7 +61,8 @@ def check(df: pd.DataFrame) -> list[dict]:
                     continue
                 a = [float(x) for x in str(lo[col].iloc[0]).split()]
                 b = [float(x) for x in str(hi[col].iloc[0]).split()]
-                diff = max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+                # the CSV holds 4 decimals: 0.9000 - 0.8500 must read 0.05, not 0.05000000000000004
+                diff = round(max((abs(x - y) for x, y in zip(a, b)), default=0.0), 4)
                 out.append({"target": f"acceptance per position, c={int(c_hi)} vs c=1", "category": cat,
                             "policy": policy, "concurrency": int(c_hi), "value": round(diff, 3),
                             "column": col, "ok": bool(diff <= 0.05)})

@@ -73,3 +73,7 @@ def test_sweep_targets_table():
     df["acceptance_per_position_per_text"] = ["0.8 0.7"] * 4 + ["0.8 0.7", "0.79 0.73", "0.8 0.7", "0.8 0.7"]
     acc = [c for c in check(df) if c["target"].startswith("accept")]
     assert [(c["value"], c["ok"], c["column"]) for c in acc] == [(0.03, True, "acceptance_per_position_per_text")]
+    # "within 0.05" includes 0.05 itself, as the CSV's 4 decimals give it
+    df["acceptance_per_position_per_text"] = ["0.85 0.7"] * 4 + ["0.85 0.7", "0.9000 0.7", "0.85 0.7", "0.85 0.7"]
+    acc = [c for c in check(df) if c["target"].startswith("accept")]
+    assert [(c["value"], c["ok"]) for c in acc] == [(0.05, True)]
