@@ -27,9 +27,12 @@ async def _run_one(
     client: EngineClient, prompt: str, max_tokens: int, temperature: float
 ) -> RequestResult:
     result = None
-    async for item in client.generate(prompt, max_tokens=max_tokens, temperature=temperature):
-        if isinstance(item, RequestResult):
-            result = item
+    # aclosing: a cancelled task closes the stream (and vLLM aborts the request) at
+    # once, not whenever the abandoned generator happens to be collected
+    async with contextlib.aclosing(client.generate(prompt, max_tokens=max_tokens, temperature=temperature)) as items:
+        async for item in items:
+            if isinstance(item, RequestResult):
+                result = item
     assert result is not None
     return result
 

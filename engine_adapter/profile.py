@@ -19,6 +19,7 @@ Results are cached per (models, method, machine) in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -131,8 +132,10 @@ async def profile_engine(
 
 
 async def _drain(client, prompt: str, max_tokens: int) -> None:
-    async for _ in client.generate(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True):
-        pass
+    async with contextlib.aclosing(client.generate(prompt, max_tokens=max_tokens, temperature=0.0,
+                                                   ignore_eos=True)) as items:
+        async for _ in items:  # closed at once if the profile is cancelled
+            pass
 
 
 def observed_points(steps: Sequence[EngineStep], since: float = 0.0) -> list[CostPoint]:

@@ -279,9 +279,11 @@ class EngineService:
 
         async def produce() -> None:
             try:
-                async for item in engine.client.generate(prompt, max_tokens=max_tokens, temperature=temperature,
-                                                         request_id=request_id):
-                    caller.call_soon_threadsafe(out.put_nowait, item)
+                # aclosing: Stop (a cancel) closes the stream at once and vLLM aborts the request
+                async with contextlib.aclosing(engine.client.generate(
+                        prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id)) as items:
+                    async for item in items:
+                        caller.call_soon_threadsafe(out.put_nowait, item)
             except Exception as e:
                 caller.call_soon_threadsafe(out.put_nowait, e)
             finally:

@@ -5,6 +5,7 @@ Screenshots go to ``screenshots/`` (look at them after a run).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 from pathlib import Path
@@ -57,6 +58,17 @@ def drag_slider(page, value: int, maximum: int = 64) -> None:
     assert int(float(track.input_value())) == value
 
 
+@contextlib.contextmanager
+def showing(page, selector: str):
+    """A wait that times out inside says what ``selector`` showed then (a bare
+    playwright timeout names only the condition)."""
+    try:
+        yield
+    except playwright.TimeoutError as e:
+        shown = page.locator(selector).first.inner_text() if page.locator(selector).count() else "(absent)"
+        raise AssertionError(f"{e.message.splitlines()[0]}; {selector} showed: {shown!r}") from e
+
+
 def readout(page) -> str:
     return page.locator("#load-readout").inner_text()
 
@@ -83,10 +95,11 @@ def test_slider_adds_and_removes_real_load(page):
     drag_slider(page, 16)
     page.wait_for_function(
         "() => document.querySelector('#load-readout').innerText.includes('16 requested')", timeout=30_000)
-    page.wait_for_function(
-        "() => /running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)"
-        " && +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] >= 8",
-        timeout=60_000)
+    with showing(page, "#load-readout"):
+        page.wait_for_function(
+            "() => /running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)"
+            " && +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] >= 8",
+            timeout=60_000)
     page.wait_for_timeout(6000)  # let the charts fill in
     live = page.locator("#live-charts")
     assert "load → 16" in live.inner_text()
@@ -104,9 +117,10 @@ def test_slider_adds_and_removes_real_load(page):
     page.wait_for_function(
         "() => document.querySelector('#load-readout').innerText.includes('No background load')",
         timeout=30_000)
-    page.wait_for_function(
-        "() => +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] <= 1",
-        timeout=30_000)
+    with showing(page, "#load-readout"):
+        page.wait_for_function(
+            "() => +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] <= 1",
+            timeout=30_000)
     page.screenshot(path=str(SHOTS / "3-load-stopped.png"), full_page=True)
 
 
@@ -143,20 +157,26 @@ def test_k_policies_switch_live_under_load(page):
     page.keyboard.type("2")
     page.keyboard.press("Enter")
     page.locator("#apply-policy").click()
-    page.wait_for_selector("#policy-said:has-text('first row must start at batch size 1')", timeout=30_000)
+    with showing(page, "#policy-said"):
+        page.wait_for_selector("#policy-said:has-text('first row must start at batch size 1')", timeout=30_000)
     cell.dblclick()
     page.keyboard.press("Control+A")
     page.keyboard.type("1")
     page.keyboard.press("Enter")
     page.locator("#apply-policy").click()
-    page.wait_for_selector("#policy-status:has-text('applied at engine step')", timeout=60_000)
-    page.wait_for_selector("#table-in-force:has-text('in force')", timeout=30_000)
+    with showing(page, "#policy-status"):
+        page.wait_for_selector("#policy-status:has-text('applied at engine step')", timeout=60_000)
+    with showing(page, "#table-in-force"):
+        page.wait_for_selector("#table-in-force:has-text('in force')", timeout=30_000)
     assert "Engine ready" in page.locator("#engine-status").inner_text()  # no restart
     page.locator("#policy input[value=auction]").check()
     page.locator("#apply-policy").click()
-    page.wait_for_selector("#policy-status:has-text('slot auction (applied at engine step')", timeout=60_000)
-    page.wait_for_selector("#auction-grid:has-text('slots admitted')", timeout=60_000)
-    page.wait_for_selector("#step-time:has-text('knee')", timeout=30_000)
+    with showing(page, "#policy-status"):
+        page.wait_for_selector("#policy-status:has-text('slot auction (applied at engine step')", timeout=60_000)
+    with showing(page, "#auction-grid"):
+        page.wait_for_selector("#auction-grid:has-text('slots admitted')", timeout=60_000)
+    with showing(page, "#step-time"):
+        page.wait_for_selector("#step-time:has-text('knee')", timeout=30_000)
     page.locator("#policy-status").scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "5-k-policies.png"), full_page=True)
     page.locator("#policy input[value=fixed]").check()
