@@ -109,16 +109,23 @@ def per_position_acceptance(
     Position i is reached when the i-1 drafts before it were kept. None where a
     position was never reached.
     """
+    kept, reached = position_counts(per_step_accepted, per_step_drafted, k)
+    return [kept[i] / reached[i] if reached[i] else None for i in range(k)]
+
+
+def position_counts(
+    per_step_accepted: Sequence[int], per_step_drafted: Sequence[int], k: int
+) -> tuple[list[int], list[int]]:
+    """(kept, reached) per draft position 1..k over steps: position i is reached
+    (tested) when every draft before it was kept; positions beyond k are ignored."""
     reached = [0] * k
     kept = [0] * k
     for acc, drafted in zip(per_step_accepted, per_step_drafted):
-        for i in range(min(drafted, k)):
-            if i > acc:
-                break
+        for i in range(min(drafted, acc + 1, k)):
             reached[i] += 1
             if i < acc:
                 kept[i] += 1
-    return [kept[i] / reached[i] if reached[i] else None for i in range(k)]
+    return kept, reached
 
 
 def steps_from_counts(

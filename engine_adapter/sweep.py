@@ -54,6 +54,7 @@ from engine_adapter.k_policy import PositionCounts
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.policy_control import PolicyController, PolicySpec
 from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.provenance import position_counts
 from engine_adapter.record import read_prompts
 from engine_adapter.records import EngineStep, RequestResult
 
@@ -101,23 +102,17 @@ def acceptance_per_text(results: list[RequestResult]) -> list[float]:
     changed what the engine accepted. Position i (1-based) is tested when every
     draft before it was kept. Returns kept/tested per position, while tested > 0.
     """
-    per_prompt: dict[str, tuple[list[int], list[int], int]] = {}
+    k = max((s.num_drafted for r in results for s in r.steps), default=0)
+    by_prompt: dict[str, list[RequestResult]] = {}
     for r in results:
-        acc, reached, n = per_prompt.get(r.prompt, ([], [], 0))
-        for s in r.steps:
-            for i in range(min(s.num_drafted, s.accepted + 1)):
-                if i >= len(reached):
-                    acc.append(0)
-                    reached.append(0)
-                reached[i] += 1
-                acc[i] += i < s.accepted
-        per_prompt[r.prompt] = (acc, reached, n + 1)
-    k = max((len(reached) for _, reached, _ in per_prompt.values()), default=0)
+        by_prompt.setdefault(r.prompt, []).append(r)
     kept, tested = [0.0] * k, [0.0] * k
-    for acc, reached, n in per_prompt.values():
-        for i in range(len(reached)):
-            kept[i] += acc[i] / n
-            tested[i] += reached[i] / n
+    for reqs in by_prompt.values():
+        steps = [s for r in reqs for s in r.steps]
+        acc, reached = position_counts([s.accepted for s in steps], [s.num_drafted for s in steps], k)
+        for i in range(k):  # this prompt's counts per request
+            kept[i] += acc[i] / len(reqs)
+            tested[i] += reached[i] / len(reqs)
     out = []
     for a, t in zip(kept, tested):
         if not t:

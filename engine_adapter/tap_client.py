@@ -19,6 +19,7 @@ import contextlib
 import zmq
 import zmq.asyncio
 
+from engine_adapter.provenance import position_counts
 from engine_adapter.records import EngineStep, SlotBid
 from engine_adapter.tap_wire import TapRequestStep, TapStep, decode_step
 
@@ -36,18 +37,13 @@ def our_request_id(engine_request_id: str) -> str:
 def summarize(step: TapStep) -> EngineStep:
     """Server-wide counts of one step, including acceptance per draft position."""
     k = max((len(r.drafted) for r in step.reqs), default=0)
-    acc_pos = [0] * k
-    reached_pos = [0] * k
-    drafted = accepted = emitted = 0
-    for r in step.reqs:
-        drafted += len(r.drafted)
-        accepted += r.accepted
-        emitted += len(r.emitted)
-        # position i is tested only if every draft before it was kept
-        for i in range(min(len(r.drafted), r.accepted + 1)):
-            reached_pos[i] += 1
-            if i < r.accepted:
-                acc_pos[i] += 1
+    # each request is one "step" of position_counts: position i is tested only if
+    # every draft before it was kept
+    acc_pos, reached_pos = position_counts([r.accepted for r in step.reqs],
+                                           [len(r.drafted) for r in step.reqs], k)
+    drafted = sum(len(r.drafted) for r in step.reqs)
+    accepted = sum(r.accepted for r in step.reqs)
+    emitted = sum(len(r.emitted) for r in step.reqs)
     return EngineStep(
         seq=step.seq,
         t=step.t,
