@@ -84,6 +84,7 @@ class BackgroundLoad:
         max_requests: int = 10_000,
         max_seconds: float = 1800.0,
         max_concurrency: int = 64,
+        on_result: Callable[[RequestResult], None] | None = None,
     ) -> None:
         if not prompts:
             raise ValueError("background load needs at least one prompt")
@@ -94,6 +95,7 @@ class BackgroundLoad:
         self.max_requests = max_requests
         self.max_concurrency = max_concurrency
         self._deadline = time.monotonic() + max_seconds
+        self._on_result = on_result  # sees every completed request (the sweep keeps them)
         self._tasks: list[asyncio.Task] = []
         self._started = 0
         self.completed = 0
@@ -140,6 +142,8 @@ class BackgroundLoad:
             self.completed += 1
             self.tokens += len(result.token_ids)
             self.finished_log.append((time.monotonic(), len(result.token_ids)))
+            if self._on_result:
+                self._on_result(result)
             if len(self.finished_log) > 10_000:
                 del self.finished_log[:5_000]
 

@@ -3,6 +3,7 @@
     python -m engine_adapter.sweep --concurrency 1,2,4,8,16 \\
         --policies off,k1,k3,k5,table,auto,auction --prompts FILE --max-tokens N \\
         --out sweep.csv [--method draft] [--table JSON] [--k-max 5] [--by-category]
+        [--window-s 20 | --window-s 0] [--repeats N]
 
 Policies: ``off`` (an engine started with speculation off), ``kN`` (fixed
 K=N), ``table`` (vLLM's ``num_speculative_tokens_per_batch_size``, from
@@ -16,7 +17,14 @@ profiled once (or read from the per-machine cache).
 Policies are interleaved within each concurrency level (c=1: every policy,
 then c=2: ...), so the ones compared at a level ran minutes apart at most,
 not a whole sweep apart. For each (policy, concurrency[, category]) a closed
-loop runs max(C, --min-requests) prompts; the tap gives server-wide step counts.
+loop keeps C requests in flight, cycling through the prompts, and is measured
+over --window-s seconds from its first completion: the level's steady state,
+as the explorer's own load makes it (``run_policy_window``). With --window-s 0
+it runs one wave of max(C, --min-requests) prompts instead and measures it from
+the first send to the last token, ramp-up included (``run_policy``): on 2 CPUs
+the wave's first request is prefilled alone, so a policy that drafts at batch
+size 1 pays the draft model's prefill for it and then loses it as the wave
+lands. The tap gives server-wide step counts (inside the window).
 With --repeats N every policy runs N times per level, in rounds that each start
 one policy later; the CSV gives the median run's tokens/s (and the min and max)
 and pools the step counts of all runs.
@@ -30,7 +38,8 @@ acceptance_per_position (kept/tested per draft position, space-separated,
 pooled over the level's steps) and acceptance_per_position_per_text (the same
 with each distinct prompt weighted once, so levels that ran the prompts a
 different number of times compare the same texts), runs, total_tokens_per_s_min,
-total_tokens_per_s_max. A table is printed, then a JSON last line.
+total_tokens_per_s_max, measured_s (the median run's measured seconds: the
+window, or the wave's wall time). A table is printed, then a JSON last line.
 """
 
 from __future__ import annotations
@@ -41,18 +50,22 @@ import json
 import re
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pandas as pd
 
 from engine_adapter.bench import measure, measure_results
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, KTable, validate_k_table
 from engine_adapter.k_policy import PositionCounts
+from engine_adapter.load import BackgroundLoad
 from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.policy_control import PolicyController, PolicySpec
+from engine_adapter.prom import fetch_snapshot
 from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.provenance import position_counts
 from engine_adapter.record import read_prompts
@@ -61,7 +74,7 @@ from engine_adapter.records import EngineStep, RequestResult
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
 EXTRA_COLUMNS = ["acceptance_per_position", "acceptance_per_position_per_text",
-                 "runs", "total_tokens_per_s_min", "total_tokens_per_s_max"]
+                 "runs", "total_tokens_per_s_min", "total_tokens_per_s_max", "measured_s"]
 
 
 @dataclass(frozen=True)
@@ -141,7 +154,70 @@ async def run_policy(engine: LiveEngine, prompts: list[str], concurrency: int, m
             steps.append(watch.get_nowait())
     finally:
         engine.client.tap.unwatch(watch)
-    return Run(m, steps, results)
+    return Run(m | {"measured_s": m["wall_s"]}, steps, results)
+
+
+async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int,
+                            window_s: float, timeout_s: float = 600.0) -> Run:
+    """A steady closed loop: C requests always in flight (cycling through the prompts),
+    measured over ``window_s`` seconds that start when the first request completes.
+
+    The first wave reaches the engine staggered (the first request is prefilled
+    alone, the others a step or two later) and finishes together, so a one-wave
+    run measures a cold start as much as the level. By the first completion the
+    ramp is over; the window then sees the level as a person's slider load does.
+    Tokens/s is the engine's own count: tokens emitted in the tap's steps that
+    ended inside the window, over its length. The requests still running when it
+    closes are cancelled (vLLM aborts them), and the run ends when vLLM reports
+    the engine idle, so none of them run into the next measurement.
+    """
+    results: list[RequestResult] = []
+    watch = engine.client.tap.watch()
+    load = BackgroundLoad(engine.client, prompts, max_tokens=max_tokens, max_concurrency=concurrency,
+                          max_seconds=timeout_s + window_s, on_result=results.append)
+    try:
+        load.set_concurrency(concurrency)
+        deadline = time.monotonic() + timeout_s
+        while load.completed == 0:  # ramp-up: until the first request completes
+            if load.failed or time.monotonic() > deadline:
+                raise RuntimeError(f"the closed loop did not complete a request: {load.last_error or 'timed out'}")
+            await asyncio.sleep(0.05)
+        w0 = time.monotonic()
+        await asyncio.sleep(window_s)
+        w1 = time.monotonic()
+        await load.stop()
+        if load.failed:
+            raise RuntimeError(f"{load.failed} request(s) failed in the window: {load.last_error}")
+        await _until_idle(engine, timeout_s)
+        await asyncio.sleep(0.05)  # the tap's last messages
+        steps = []
+        while not watch.empty():
+            steps.append(watch.get_nowait())
+    finally:
+        await load.stop()
+        engine.client.tap.unwatch(watch)
+    inside = [s for s in steps if w0 < s.t <= w1]  # step end times, the same monotonic clock
+    done = [r for r in results if w0 < r.t_end <= w1] or results
+    measured = {
+        "tokens_per_s": round(sum(s.num_emitted for s in inside) / (w1 - w0), 3),
+        "per_request_tokens_per_s": round(statistics.mean(r.tokens_per_second for r in done), 3),
+        "measured_s": round(w1 - w0, 3),
+    }
+    return Run(measured, inside, results)
+
+
+async def _until_idle(engine: LiveEngine, timeout_s: float) -> None:
+    """Wait until vLLM reports no running or waiting request (its /metrics gauges)."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(timeout=10.0) as http:
+        while True:
+            snap = await fetch_snapshot(http, engine.client.base_url)
+            if snap.running + snap.waiting == 0:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the engine still runs {snap.running:.0f} request(s) {timeout_s:.0f} s "
+                                   "after the closed loop stopped")
+            await asyncio.sleep(0.2)
 
 
 def row_from_runs(runs: list[Run]) -> dict[str, Any]:
@@ -169,6 +245,7 @@ def row_from_runs(runs: list[Run]) -> dict[str, Any]:
         "runs": len(runs),
         "total_tokens_per_s_min": round(min(tps), 3),
         "total_tokens_per_s_max": round(max(tps), 3),
+        "measured_s": round(statistics.median(r.measured["measured_s"] for r in runs), 3),
     }
 
 
@@ -226,8 +303,8 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
         rows = []
         for c in args.concurrency:
             for cat, prompts in by_cat.items():
-                # one wave of C (more would leave a tail at a lower batch size); with few
-                # requests the prompt mix differs by level, which moves pooled acceptance
+                # --window-s 0: one wave of C (more would leave a tail at a lower batch size);
+                # with few requests the prompt mix differs by level, which moves pooled acceptance
                 n = max(c, args.min_requests)
                 batch = [prompts[i % len(prompts)] for i in range(n)]
                 runs: dict[str, list[Run]] = {p.name: [] for p in policies}
@@ -239,7 +316,8 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
                         else:
                             engine = engines["live"]
                             await ctl.apply(pol.spec, counts.alphas())
-                        run = await run_policy(engine, batch, c, args.max_tokens)
+                        run = (await run_policy_window(engine, prompts, c, args.max_tokens, args.window_s)
+                               if args.window_s else await run_policy(engine, batch, c, args.max_tokens))
                         if pol.spec is not None:
                             counts.add(run.steps)
                         runs[pol.name].append(run)
@@ -281,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-requests", type=int, default=4)
     p.add_argument("--repeats", type=int, default=1,
                    help="runs per policy and level, interleaved; the CSV gives the median run's tokens/s")
+    p.add_argument("--window-s", type=float, default=20.0,
+                   help="seconds of a steady closed loop measured per run, from its first completion "
+                        "(default 20); 0 = one wave of max(C, --min-requests) requests, ramp-up and all")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)
@@ -289,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     args.policies = args.policies.split(",")
     if args.repeats < 1:
         print("error: --repeats must be at least 1", file=sys.stderr)
+        return 2
+    if args.window_s < 0:
+        print("error: --window-s must be 0 (one wave) or a number of seconds", file=sys.stderr)
         return 2
     try:
         df = asyncio.run(sweep(args))

@@ -83,10 +83,12 @@ def test_acceptance_per_text_weighs_each_prompt_once(results, expected):
     ([10.0, 14.0], 12.0, 10.0, 14.0),
 ])
 def test_a_level_reports_the_median_run(tps, median, lo, hi):
-    runs = [Run({"tokens_per_s": t, "per_request_tokens_per_s": t / 2}, [], [_result("a", [(2, 1)])]) for t in tps]
+    runs = [Run({"tokens_per_s": t, "per_request_tokens_per_s": t / 2, "measured_s": 20.0 + t}, [],
+                [_result("a", [(2, 1)])]) for t in tps]
     row = row_from_runs(runs)
     assert (row["total_tokens_per_s"], row["total_tokens_per_s_min"], row["total_tokens_per_s_max"]) == (median, lo, hi)
     assert row["per_request_tokens_per_s"] == median / 2 and row["runs"] == len(tps)
+    assert row["measured_s"] == 20.0 + median
     assert row["acceptance_per_position_per_text"] == "1.0000 0.0000"
 
 
@@ -97,7 +99,7 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1,2",
            "--policies", "off,k2,table,auto,auction", "--k-max", "3",
            "--table", "[[1,1,3],[2,64,0]]", "--prompts", str(prompts), "--max-tokens", "16",
-           "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
+           "--window-s", "3", "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
     env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -118,6 +120,8 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
         for c in (1, 2):
             assert float(by[(policy, c)]["total_tokens_per_s"]) > 0
             assert 0 <= float(by[(policy, c)]["effective_k"]) <= 3
+    # every run measured a 3 s window of the steady loop (and ended with the engine idle)
+    assert all(3.0 <= float(r["measured_s"]) < 4.0 for r in rows)
     assert (tmp_path / "cache" / "cost").is_dir()  # the cost model was profiled and kept
     assert json.loads(done.stdout.strip().splitlines()[-1])["rows"][0]["policy"] == "off"
 
@@ -129,6 +133,7 @@ def test_by_category_adds_the_column(tiny, tmp_path):
     out = tmp_path / "sweep.csv"
     cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "k1",
            "--by-category", "--prompts", str(prompts), "--max-tokens", "8", "--min-requests", "1", "--repeats", "2",
+           "--window-s", "0",
            "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
