@@ -165,6 +165,10 @@ class _TapMixin:
         return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()],
                 ceiling]
 
+    def _anyone_can_draft(self) -> bool:
+        """A running request the idle drafter has not dropped, or a new one to prefill."""
+        return bool(self.waiting) or any(r.request_id not in self._drafter_lost for r in self.running)
+
     def _trim_lost(self) -> None:
         """No drafts for requests the idle drafter skipped (a new list: async placeholders are shared)."""
         for r in self.running:
@@ -184,8 +188,16 @@ class _TapMixin:
                 decision = None
             if self._tap is not None:  # our policy time counts as the tap's own, not vLLM's
                 self._tap.policy_s += time.perf_counter() - t_policy
+        lookup = self.dynamic_sd_lookup
+        if self._idle_drafter and lookup is not None and not self._anyone_can_draft():
+            # nobody in this step can use a draft, but a draft model would still run its
+            # pass over the whole batch at K > 0: K = 0 lets the idle drafter skip it
+            self.dynamic_sd_lookup = [0] * len(lookup)
         t0 = time.perf_counter()
-        out = super().schedule(*args, **kwargs)
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.dynamic_sd_lookup = lookup
         if self._idle_drafter and out.num_spec_tokens_to_schedule == 0:
             self._drafter_lost.update(out.num_scheduled_tokens)  # the drafter skips this step
         if self._tap is not None:
