@@ -17,7 +17,9 @@ and the tests call the same code):
 - ``best_ceiling(scores, cost)``: how many positions the drafter should
   propose at all, since a model drafter's cost is paid for every position;
 - ``SlotEstimator``: running per-request, per-position acceptance counts with a
-  shrinkage prior from all requests, giving each request's survival scores.
+  shrinkage prior from all requests, giving each request's survival scores;
+- ``idle_drafter_k(k_policy, ...)``: the K a table policy's step runs with when
+  the draft model idles at K = 0 (``idle_drafter.py``).
 
 Units: probabilities in [0, 1]; tokens per step; seconds via ``CostModel``.
 """
@@ -130,6 +132,35 @@ def auction(
     for _, _, rid in order[:best]:
         admitted[rid] += 1
     return AuctionResult(admitted, best, gain[best], cost.verify_s(b + best) + fixed, rate)
+
+
+# how long a batch size counts as the load to come when a new request's drafter
+# would be engaged (idle_drafter_k): a few steps on this CPU (0.16-0.25 s each),
+# longer than the gap between requests of one burst reaching the engine
+RECENT_PEAK_S = 1.0  # seconds
+
+
+def idle_drafter_k(k_policy: int, *, can_draft: bool, fresh: bool, k_at_recent_peak: int) -> int:
+    """The K a step runs with under a table policy when the draft model idles at K = 0.
+
+    An idle drafter drops a request for good at its first K = 0 step, and it
+    engages a new request (runs the draft model's prefill over its prompt: about
+    as long as 2-4 decode steps on the packaged pair here) at its first step
+    with K > 0. So, beside the policy's K for the batch size:
+    - no request in the step can use a draft (``can_draft`` False: all dropped,
+      none new): K = 0, or the draft model would propose for nobody;
+    - a new request is to be prefilled (``fresh``) while the batch was larger a
+      moment ago and the policy's K at that size is 0 (``k_at_recent_peak``):
+      K = 0, since the load that just was is the best guess of the load to come,
+      and a drafter engaged now would most likely be dropped within a few steps,
+      its prefill paid for nothing (requests of one burst reach the engine a
+      step or two apart).
+    """
+    if not can_draft:
+        return 0
+    if fresh and k_at_recent_peak == 0:
+        return 0
+    return k_policy
 
 
 def best_ceiling(

@@ -2,8 +2,8 @@
 
 Loaded inside vLLM's engine-core process with
 ``--scheduler-cls engine_adapter.scheduler_tap.TapScheduler`` (or
-``TapAsyncScheduler`` when vLLM runs async scheduling). Behaviour is vLLM's own;
-the tap only observes:
+``TapAsyncScheduler`` when vLLM runs async scheduling). As an observer the tap
+leaves vLLM's behaviour alone:
 
 - ``schedule()``: remembers when the step started;
 - ``update_from_output()``: after vLLM has processed the step, reads per request
@@ -18,6 +18,12 @@ blocks the engine: if no reader keeps up, messages are dropped and counted.
 The tap's own time per step is measured and sent with the next step, so its
 overhead is a measured number, not a claim.
 
+It changes what vLLM does only where it was asked to: with the control channel
+(``SPEC_EXPLORER_CONTROL_ADDR``) ``schedule()`` applies live K policies (vLLM's
+own batch-size -> K lookup, rewritten) and runs the slot auction; with the idle
+drafter (``idle_drafter.py``) it trims the drafts of requests the drafter
+dropped and sets a step's K to 0 where ``k_policy.idle_drafter_k`` says so.
+
 This module pins vLLM internals (tested with vllm 0.32.0).
 """
 
@@ -26,6 +32,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections import deque
 
 import zmq
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -33,7 +40,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
 from engine_adapter.cost_model import CostModel
-from engine_adapter.k_policy import SlotEstimator, auction, best_ceiling
+from engine_adapter.k_policy import SlotEstimator, auction, best_ceiling, idle_drafter_k, RECENT_PEAK_S
 from engine_adapter.tap_wire import (
     CONTROL_ADDR_ENV,
     IDLE_DRAFTER_WORKER,
@@ -91,6 +98,7 @@ class _TapMixin:
         # its cache has holes for them, so they are never drafted again
         self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
         self._drafter_lost: set[str] = set()
+        self._recent_batches: deque[tuple[float, int]] = deque()  # (monotonic s, batch size) of recent steps
         if control and self.dynamic_sd_lookup is not None:
             # Live K policies rewrite vLLM's own dense batch-size -> K lookup,
             # which exists only when the engine started with a K table.
@@ -165,10 +173,6 @@ class _TapMixin:
         return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()],
                 ceiling]
 
-    def _anyone_can_draft(self) -> bool:
-        """A running request the idle drafter has not dropped, or a new one to prefill."""
-        return bool(self.waiting) or any(r.request_id not in self._drafter_lost for r in self.running)
-
     def _trim_lost(self) -> None:
         """No drafts for requests the idle drafter skipped (a new list: async placeholders are shared)."""
         for r in self.running:
@@ -189,15 +193,25 @@ class _TapMixin:
             if self._tap is not None:  # our policy time counts as the tap's own, not vLLM's
                 self._tap.policy_s += time.perf_counter() - t_policy
         lookup = self.dynamic_sd_lookup
-        if self._idle_drafter and lookup is not None and not self._anyone_can_draft():
-            # nobody in this step can use a draft, but a draft model would still run its
-            # pass over the whole batch at K > 0: K = 0 lets the idle drafter skip it
-            self.dynamic_sd_lookup = [0] * len(lookup)
+        if self._idle_drafter and lookup is not None and self._auction_cost is None:
+            # a table policy's K, corrected for what an idle drafter costs (k_policy.idle_drafter_k)
+            b = min(len(self.running) + len(self.waiting), len(lookup) - 1)
+            now = time.monotonic()
+            while self._recent_batches and self._recent_batches[0][0] < now - RECENT_PEAK_S:
+                self._recent_batches.popleft()
+            peak = max([b] + [n for _, n in self._recent_batches])
+            k = idle_drafter_k(lookup[b], fresh=bool(self.waiting), k_at_recent_peak=lookup[peak],
+                               can_draft=bool(self.waiting) or any(
+                                   r.request_id not in self._drafter_lost for r in self.running))
+            if k != lookup[b]:
+                self.dynamic_sd_lookup = [k] * len(lookup)  # for this step only
         t0 = time.perf_counter()
         try:
             out = super().schedule(*args, **kwargs)
         finally:
             self.dynamic_sd_lookup = lookup
+        if self._idle_drafter and out.num_scheduled_tokens:
+            self._recent_batches.append((time.monotonic(), len(out.num_scheduled_tokens)))
         if self._idle_drafter and out.num_spec_tokens_to_schedule == 0:
             self._drafter_lost.update(out.num_scheduled_tokens)  # the drafter skips this step
         if self._tap is not None:

@@ -9,6 +9,7 @@ import pytest
 from engine_adapter.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.engine_config import validate_k_table
 from engine_adapter.k_policy import (
+    idle_drafter_k,
     SlotEstimator,
     alphas_from_counts,
     auction,
@@ -234,3 +235,15 @@ def test_the_auction_prices_measured_cells_as_measured(points, ceiling):
     assert k == ceiling, rates
     if points:  # full admission at the measured cell costs exactly the measured step
         assert auction({r: s[:0] for r, s in scores.items()}, cost, 4, k_drafted=0).step_s == pytest.approx(0.186)
+
+
+@pytest.mark.parametrize("k_policy, can_draft, fresh, k_at_recent_peak, expected", [
+    (3, True, False, 0, 3),   # only engaged requests: the policy's K, whatever the peak was
+    (3, False, False, 3, 0),  # every running request dropped by the drafter, none new: no pass for nobody
+    (3, True, True, 0, 0),    # a new one while the batch was just at a K=0 size: not engaged
+    (3, True, True, 3, 3),    # a new one, and the recent load drafts too: engaged
+    (0, True, True, 0, 0),    # the policy's own K=0
+    (2, True, True, 1, 2),    # a smaller K at the peak is still drafting: the policy's K
+])
+def test_idle_drafter_k(k_policy, can_draft, fresh, k_at_recent_peak, expected):
+    assert idle_drafter_k(k_policy, can_draft=can_draft, fresh=fresh, k_at_recent_peak=k_at_recent_peak) == expected

@@ -12,6 +12,7 @@ from engine_adapter.cost_model import CostModel
 from engine_adapter.engine import LiveEngine
 from engine_adapter.engine_config import k_for_batch_size
 from engine_adapter.load import BackgroundLoad
+from engine_adapter.k_policy import RECENT_PEAK_S
 from tests.conftest import tiny_config
 from tests.test_engine_tiny import PROMPTS, check_invariants, run
 
@@ -226,3 +227,19 @@ async def test_the_auction_drafts_again_for_new_requests_when_the_load_falls(liv
     assert not any(s.drafter_idle for s in alone.steps)
     assert sum(s.num_drafted for s in alone.steps) > 0, [(s.index, s.k, s.num_drafted) for s in alone.steps]
     assert [r.token_ids for r in (*pair, alone)] == [r.token_ids for r in refs]
+
+
+async def test_a_request_right_after_a_burst_does_not_engage_the_drafter(live_engine, engines):
+    """K=4 alone, 0 from two requests: a request arriving alone within RECENT_PEAK_S of a pair
+    is not engaged (the pair's size is the guess for the load to come); one arriving later is."""
+    ref = await run(await engines.get("off"), PROMPTS[2], max_tokens=24)
+    await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
+    await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 16), _steps_of(live_engine, PROMPTS[1], 16))
+    right_after = await _steps_of(live_engine, PROMPTS[2], 24)
+    seen = [(s.index, s.batch_size, s.k, s.num_drafted) for s in right_after.steps]
+    assert all(s.k == 0 and s.num_drafted == 0 for s in right_after.steps), seen
+    assert right_after.steps[0].drafter_idle and right_after.token_ids == ref.token_ids
+    await asyncio.sleep(RECENT_PEAK_S + 0.5)
+    later = await _steps_of(live_engine, PROMPTS[2], 24)
+    assert not any(s.drafter_idle for s in later.steps)
+    assert sum(s.num_drafted for s in later.steps) > 0 and later.token_ids == ref.token_ids
