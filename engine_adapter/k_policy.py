@@ -134,10 +134,12 @@ def auction(
     return AuctionResult(admitted, best, gain[best], cost.verify_s(b + best) + fixed, rate)
 
 
-# how long a batch size counts as the load to come when a new request's drafter
-# would be engaged (idle_drafter_k): a few steps on this CPU (0.16-0.25 s each),
-# longer than the gap between requests of one burst reaching the engine
-RECENT_PEAK_S = 1.0  # seconds
+# which batch sizes count as "the load that just was" when a new request's drafter
+# would be engaged (idle_drafter_k): those of the last RECENT_PEAK_STEPS steps (more
+# than the steps between requests of one burst reaching the engine), if they ended
+# within RECENT_PEAK_S (an engine idle since then has no recent load)
+RECENT_PEAK_STEPS = 8
+RECENT_PEAK_S = 2.0  # seconds
 
 
 def idle_drafter_k(k_policy: int, *, can_draft: bool, fresh: bool, k_at_recent_peak: int) -> int:

@@ -40,7 +40,14 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
 from engine_adapter.cost_model import CostModel
-from engine_adapter.k_policy import SlotEstimator, auction, best_ceiling, idle_drafter_k, RECENT_PEAK_S
+from engine_adapter.k_policy import (
+    RECENT_PEAK_S,
+    RECENT_PEAK_STEPS,
+    SlotEstimator,
+    auction,
+    best_ceiling,
+    idle_drafter_k,
+)
 from engine_adapter.tap_wire import (
     CONTROL_ADDR_ENV,
     IDLE_DRAFTER_WORKER,
@@ -98,7 +105,8 @@ class _TapMixin:
         # its cache has holes for them, so they are never drafted again
         self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
         self._drafter_lost: set[str] = set()
-        self._recent_batches: deque[tuple[float, int]] = deque()  # (monotonic s, batch size) of recent steps
+        # (monotonic s, batch size) of the last steps, for k_policy.idle_drafter_k
+        self._recent_batches: deque[tuple[float, int]] = deque(maxlen=RECENT_PEAK_STEPS)
         if control and self.dynamic_sd_lookup is not None:
             # Live K policies rewrite vLLM's own dense batch-size -> K lookup,
             # which exists only when the engine started with a K table.
@@ -197,9 +205,7 @@ class _TapMixin:
             # a table policy's K, corrected for what an idle drafter costs (k_policy.idle_drafter_k)
             b = min(len(self.running) + len(self.waiting), len(lookup) - 1)
             now = time.monotonic()
-            while self._recent_batches and self._recent_batches[0][0] < now - RECENT_PEAK_S:
-                self._recent_batches.popleft()
-            peak = max([b] + [n for _, n in self._recent_batches])
+            peak = max([b] + [n for t, n in self._recent_batches if t >= now - RECENT_PEAK_S])
             k = idle_drafter_k(lookup[b], fresh=bool(self.waiting), k_at_recent_peak=lookup[peak],
                                can_draft=bool(self.waiting) or any(
                                    r.request_id not in self._drafter_lost for r in self.running))

@@ -207,7 +207,7 @@ async def test_an_idle_drafter_skips_k0_steps_and_stays_lossless(live_engine, en
     assert all(s.num_drafted == 0 and s.drafter_idle for s in alone_after)
     # a request that starts alone drafts at K=4 again, from a drafter cache that is whole
     fresh = await _steps_of(live_engine, PROMPTS[2], 24)
-    assert not any(s.drafter_idle for s in fresh.steps)
+    assert not any(s.drafter_idle for s in fresh.steps), [(s.index, s.batch_size, s.k, s.num_drafted, s.drafter_idle) for s in fresh.steps]
     assert sum(s.num_drafted for s in fresh.steps) > 0 and sum(s.accepted for s in fresh.steps) > 0
     log = live_engine.process.log_path.read_text(errors="replace")
     assert "skips its pass in steps with K=0" in log and "the draft model's pass is skipped" in log
@@ -230,8 +230,9 @@ async def test_the_auction_drafts_again_for_new_requests_when_the_load_falls(liv
 
 
 async def test_a_request_right_after_a_burst_does_not_engage_the_drafter(live_engine, engines):
-    """K=4 alone, 0 from two requests: a request arriving alone within RECENT_PEAK_S of a pair
-    is not engaged (the pair's size is the guess for the load to come); one arriving later is."""
+    """K=4 alone, 0 from two requests: a request arriving alone right after a pair (whose steps
+    are among the last RECENT_PEAK_STEPS) is not engaged, the pair's size being the guess for
+    the load to come; one arriving after RECENT_PEAK_S of an idle engine is."""
     ref = await run(await engines.get("off"), PROMPTS[2], max_tokens=24)
     await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
     await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 16), _steps_of(live_engine, PROMPTS[1], 16))
