@@ -166,7 +166,10 @@ class _TapMixin:
         # dropped, and the new ones at the pooled estimate (so drafting resumes when load falls)
         able = [r for r in self.running if r.request_id not in self._drafter_lost] + fresh
         full = {r.request_id: est.scores(r.request_id, self.num_spec_tokens) for r in able}
-        ceiling = best_ceiling(full, cost, b)[0] if full else 0
+        # engaging a new request's drafter is priced at the load that just was, as the
+        # table policies do (k_policy.idle_drafter_k): its prefill pays back over many steps
+        b_priced = self._recent_peak(b) if fresh and self._idle_drafter else b
+        ceiling = best_ceiling(full, cost, b_priced)[0] if full else 0
         self.dynamic_sd_lookup = [ceiling] * len(self.dynamic_sd_lookup)
         drafting = [r for r in self.running if r.spec_token_ids]  # lost ones were trimmed already
         if not drafting:
@@ -180,6 +183,11 @@ class _TapMixin:
                 r.spec_token_ids = list(r.spec_token_ids[:n])
         return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()],
                 ceiling]
+
+    def _recent_peak(self, b: int) -> int:
+        """The largest of ``b`` and the batch sizes of the last steps (k_policy.RECENT_PEAK_*)."""
+        since = time.monotonic() - RECENT_PEAK_S
+        return max([b] + [n for t, n in self._recent_batches if t >= since])
 
     def _trim_lost(self) -> None:
         """No drafts for requests the idle drafter skipped (a new list: async placeholders are shared)."""
@@ -204,8 +212,7 @@ class _TapMixin:
         if self._idle_drafter and lookup is not None and self._auction_cost is None:
             # a table policy's K, corrected for what an idle drafter costs (k_policy.idle_drafter_k)
             b = min(len(self.running) + len(self.waiting), len(lookup) - 1)
-            now = time.monotonic()
-            peak = max([b] + [n for t, n in self._recent_batches if t >= now - RECENT_PEAK_S])
+            peak = min(self._recent_peak(b), len(lookup) - 1)
             k = idle_drafter_k(lookup[b], fresh=bool(self.waiting), k_at_recent_peak=lookup[peak],
                                can_draft=bool(self.waiting) or any(
                                    r.request_id not in self._drafter_lost for r in self.running))

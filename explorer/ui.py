@@ -238,6 +238,8 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
             if service.status().attached and service.prom_history():
                 running = int(service.prom_history()[-1].running)
             engine = f"Requests running in the engine: **{running}**."
+            if service.policy_view().profiling:  # its requests are in that count
+                engine += " The cost model is being measured meanwhile: its requests count here too."
             if st is None or (share.total == 0 and st.in_flight == 0):
                 return f"No background load. {engine}"
             mine = (f"Your background load: **{share.asked}** requested, **{share.granted}** granted"

@@ -34,6 +34,11 @@ def page(app_url):
         pg.dialogs = dialogs
         pg.goto(app_url)
         pg.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=120_000)
+        # the cost model is profiled at start-up (no cached one on a fresh machine), with up to
+        # 16 requests of its own: the load tests below count the engine's requests
+        with showing(pg, "#engine-status"):
+            pg.wait_for_function("() => !document.querySelector('#engine-status').innerText.includes("
+                                 "'Measuring the cost model')", timeout=240_000)
         yield pg
         browser.close()
 

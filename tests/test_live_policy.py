@@ -229,12 +229,17 @@ async def test_the_auction_drafts_again_for_new_requests_when_the_load_falls(liv
     assert [r.token_ids for r in (*pair, alone)] == [r.token_ids for r in refs]
 
 
-async def test_a_request_right_after_a_burst_does_not_engage_the_drafter(live_engine, engines):
-    """K=4 alone, 0 from two requests: a request arriving alone right after a pair (whose steps
-    are among the last RECENT_PEAK_STEPS) is not engaged, the pair's size being the guess for
-    the load to come; one arriving after RECENT_PEAK_S of an idle engine is."""
+@pytest.mark.parametrize("policy", ["table", "auction"])
+async def test_a_request_right_after_a_burst_does_not_engage_the_drafter(live_engine, engines, policy):
+    """Drafting pays alone, not at two requests (the table [[1,1,4],[2,64,0]], or the auction
+    with a drafter first pass of 0.25 s per request): a request arriving alone right after a
+    pair (whose steps are among the last RECENT_PEAK_STEPS) is not engaged, the pair's size
+    being the guess for the load to come; one arriving after RECENT_PEAK_S of idle engine is."""
     ref = await run(await engines.get("off"), PROMPTS[2], max_tokens=24)
-    await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
+    if policy == "table":
+        await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
+    else:
+        await live_engine.client.set_auction(CostModel(0.1, 0.0, 0, first_s_per_req=0.25), prior=0.95)
     await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 16), _steps_of(live_engine, PROMPTS[1], 16))
     right_after = await _steps_of(live_engine, PROMPTS[2], 24)
     seen = [(s.index, s.batch_size, s.k, s.num_drafted) for s in right_after.steps]
