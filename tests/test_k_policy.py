@@ -9,13 +9,13 @@ import pytest
 from engine_adapter.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.engine_config import validate_k_table
 from engine_adapter.k_policy import (
-    idle_drafter_k,
     SlotEstimator,
     alphas_from_counts,
     auction,
     best_ceiling,
     derive_auto_table,
     expected_tokens,
+    idle_drafter_k,
     rows_from_ks,
     survival,
 )
