@@ -159,9 +159,7 @@ class _TapMixin:
         if cost is None or not (self.running or self.waiting):
             return None
         est = self._estimator
-        # the step's batch: the running requests and the waiting ones it can take in
-        fresh = list(self.waiting)[:max(self.scheduler_config.max_num_seqs - len(self.running), 0)]
-        b = len(self.running) + len(fresh)
+        fresh, b = self._step_batch()
         # the ceiling pays off only for requests that can draft: not those an idle drafter
         # dropped, and the new ones at the pooled estimate (so drafting resumes when load falls)
         able = [r for r in self.running if r.request_id not in self._drafter_lost] + fresh
@@ -183,6 +181,12 @@ class _TapMixin:
                 r.spec_token_ids = list(r.spec_token_ids[:n])
         return [res.slots, [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()],
                 ceiling]
+
+    def _step_batch(self) -> tuple[list, int]:
+        """The step's new requests and its batch size: the running requests plus the
+        waiting ones it can take in (at most max_num_seqs, the lookup's last index)."""
+        fresh = list(self.waiting)[:max(self.scheduler_config.max_num_seqs - len(self.running), 0)]
+        return fresh, len(self.running) + len(fresh)
 
     def _recent_peak(self, b: int) -> int:
         """The largest of ``b`` and the batch sizes of the last steps (k_policy.RECENT_PEAK_*)."""
@@ -211,10 +215,10 @@ class _TapMixin:
         lookup = self.dynamic_sd_lookup
         if self._idle_drafter and lookup is not None and self._auction_cost is None:
             # a table policy's K, corrected for what an idle drafter costs (k_policy.idle_drafter_k)
-            b = min(len(self.running) + len(self.waiting), len(lookup) - 1)
+            fresh, b = self._step_batch()
             peak = min(self._recent_peak(b), len(lookup) - 1)
-            k = idle_drafter_k(lookup[b], fresh=bool(self.waiting), k_at_recent_peak=lookup[peak],
-                               can_draft=bool(self.waiting) or any(
+            k = idle_drafter_k(lookup[b], fresh=bool(fresh), k_at_recent_peak=lookup[peak],
+                               can_draft=bool(fresh) or any(
                                    r.request_id not in self._drafter_lost for r in self.running))
             if k != lookup[b]:
                 self.dynamic_sd_lookup = [k] * len(lookup)  # for this step only
