@@ -182,28 +182,48 @@ def best_ceiling(
 
 @dataclass
 class SlotEstimator:
-    """Per-request acceptance per draft position, shrunk toward all requests'.
+    """Per-request acceptance per draft position, shrunk toward all requests',
+    and survival scores calibrated against what the verifier then kept.
 
     alpha_{r,i} = (accepted_{r,i} + m * alpha_i) / (reached_{r,i} + m), where
     alpha_i is the pooled estimate over every request (itself starting from
     ``prior``) and m = ``strength`` pseudo-observations.
+
+    ``scores`` are the survival probabilities prod_{j<=i} alpha_{r,j}, each
+    scaled by its position's calibration c_i = (kept_i + n) / (predicted_i + n):
+    at every verify step, before counting it, the step's raw survival
+    probabilities are added to ``predicted`` and the drafts kept to ``kept``
+    (n = ``calibration_strength``). Why: a request's running estimate is
+    highest right after a run of accepted drafts, which is when deep positions
+    get admitted, so raw scores overpromise exactly where they decide
+    (measured, packaged pair, c=1 code: 5.7 tokens per step promised at K=5,
+    4.4-4.7 kept). The calibration measures that optimism and takes it out.
     """
 
     k_max: int
     prior: float = 0.5
     strength: float = 2.0
+    calibration_strength: float = 5.0
     pooled_reached: list[int] = field(default_factory=list)
     pooled_accepted: list[int] = field(default_factory=list)
     per_request: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    predicted: list[float] = field(default_factory=list)  # sum of raw survival per position
+    kept: list[int] = field(default_factory=list)  # drafts kept per position, same steps
 
     def __post_init__(self) -> None:
         self.pooled_reached = [0] * self.k_max
         self.pooled_accepted = [0] * self.k_max
+        self.predicted = [0.0] * self.k_max
+        self.kept = [0] * self.k_max
 
     def observe(self, request_id: str, num_drafted: int, accepted: int) -> None:
         """One verify step: positions 1..min(accepted+1, drafted) were tested."""
+        n = min(num_drafted, self.k_max)
+        for i, p in enumerate(survival(self.alphas(request_id)[:n])):  # the promise, before this step counts
+            self.predicted[i] += p
+            self.kept[i] += i < accepted
         reached, acc = self.per_request.setdefault(request_id, ([0] * self.k_max, [0] * self.k_max))
-        for i in range(min(accepted + 1, num_drafted, self.k_max)):
+        for i in range(min(accepted + 1, n)):
             reached[i] += 1
             self.pooled_reached[i] += 1
             if i < accepted:
@@ -225,8 +245,18 @@ class SlotEstimator:
         m = self.strength
         return [(a + m * p) / (r + m) for a, r, p in zip(acc, reached, pooled)]
 
+    def calibration(self) -> list[float]:
+        """Kept over promised per position (1.0 before any evidence)."""
+        n = self.calibration_strength
+        return [(k + n) / (p + n) for k, p in zip(self.kept, self.predicted)]
+
     def scores(self, request_id: str, k: int) -> list[float]:
-        return survival(self.alphas(request_id)[:k])
+        out: list[float] = []
+        prev = 1.0
+        for s, c in zip(survival(self.alphas(request_id)[:k]), self.calibration()):
+            prev = min(s * c, prev)  # a survival probability: at most 1, never rising with depth
+            out.append(prev)
+        return out
 
 
 def alphas_from_counts(

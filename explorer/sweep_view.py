@@ -7,10 +7,15 @@ engine_adapter.sweep`` (checks the columns, says what is missing);
 measured, else absolute tokens/s; one panel per task category when the CSV
 has a ``category`` column. ``build_sweep_panel(sweep_dir)`` adds the
 accordion: the sweeps shipped in ``docs/sweeps/`` and an upload for one's own.
+``shipped_sweeps(sweep_dir)`` orders them as ``docs/sweeps/index.json`` lists
+them (a list of ``{"file", "about"}``; the first is the sweep of record, shown
+by default), then any CSV it does not list, by name.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
@@ -20,6 +25,24 @@ from plotly.subplots import make_subplots
 
 REQUIRED = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
             "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
+
+
+@dataclass(frozen=True)
+class ShippedSweep:
+    path: Path
+    about: str  # one line: what was measured, how, and where it stands (from index.json)
+
+
+def shipped_sweeps(sweep_dir: Path) -> list[ShippedSweep]:
+    """The shipped sweep CSVs, the index's order first (its first is the sweep of record)."""
+    if not sweep_dir.is_dir():
+        return []
+    index_path = sweep_dir / "index.json"
+    entries = json.loads(index_path.read_text()) if index_path.is_file() else []
+    listed = [ShippedSweep(sweep_dir / e["file"], e.get("about", "")) for e in entries
+              if (sweep_dir / e["file"]).is_file()]
+    names = {s.path.name for s in listed}
+    return listed + [ShippedSweep(p, "") for p in sorted(sweep_dir.glob("*.csv")) if p.name not in names]
 
 
 def read_sweep(path: str | Path) -> pd.DataFrame:
@@ -74,23 +97,28 @@ def sweep_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
 
 
 def build_sweep_panel(sweep_dir: Path) -> None:
-    shipped = sorted(sweep_dir.glob("*.csv")) if sweep_dir.is_dir() else []
+    shipped = shipped_sweeps(sweep_dir)
+    about = {s.path.name: s.about for s in shipped}
+
+    def show_shipped(name: str | None) -> tuple[str, go.Figure | None, pd.DataFrame | None]:
+        message, fig, table = show(sweep_dir / name if name else None)
+        return (f"{about[name]}\n\n{message}" if about.get(name) and fig is not None else message), fig, table
+
     with gr.Accordion("Sweep: speedup versus concurrency per policy (python -m engine_adapter.sweep)", open=False):
         gr.Markdown("Measured by `python -m engine_adapter.sweep` on a live engine; pick a sweep shipped with "
-                    "the explorer (made on the machine named in its file name) or upload your own CSV.")
+                    "the explorer (made on the machine named in its file name; the first is the sweep of "
+                    "record) or upload your own CSV.")
         with gr.Row():
-            pick = gr.Dropdown([p.name for p in shipped], value=shipped[0].name if shipped else None,
+            pick = gr.Dropdown([s.path.name for s in shipped], value=shipped[0].path.name if shipped else None,
                                label="Shipped sweeps", elem_id="sweep-pick")
             upload = gr.File(label="…or your sweep CSV", file_types=[".csv"], elem_id="sweep-upload")
-        first = show(shipped[0]) if shipped else ("No sweep shipped yet.", None, None)
+        first = show_shipped(shipped[0].path.name) if shipped else ("No sweep shipped yet.", None, None)
         message = gr.Markdown(first[0])
         plot = gr.Plot(first[1], show_label=False, elem_id="sweep-plot")
         table = gr.Dataframe(first[2], interactive=False, elem_id="sweep-table")
 
-    pick.change(lambda name: show(sweep_dir / name if name else None), pick, [message, plot, table],
-                api_name="sweep")
+    pick.change(show_shipped, pick, [message, plot, table], api_name="sweep")
     upload.upload(show, upload, [message, plot, table], api_name=False)
-
 
 
 def show(path: str | Path | None) -> tuple[str, go.Figure | None, pd.DataFrame | None]:

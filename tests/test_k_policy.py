@@ -144,9 +144,33 @@ def test_slot_estimator_shrinks_toward_pooled():
     assert bad[0] == pytest.approx((0 + 2 * 0.5) / 10)
     # "bad" never reached position 2: its estimate is the pooled one
     assert bad[1] == pytest.approx(est.pooled_alphas()[1])
-    assert est.scores("good", 3)[2] < est.scores("good", 3)[1] <= est.scores("good", 3)[0]
+    assert est.scores("good", 3)[2] <= est.scores("good", 3)[1] <= est.scores("good", 3)[0]
     est.forget("good")
     assert est.alphas("good") == est.pooled_alphas()
+
+
+def test_slot_scores_are_calibrated_against_what_was_kept():
+    est = SlotEstimator(k_max=3, prior=0.5, strength=2.0, calibration_strength=5.0)
+    assert est.calibration() == [1.0, 1.0, 1.0]
+    assert est.scores("r", 3) == pytest.approx(survival(est.alphas("r")))  # no evidence: raw survival
+    # a streak makes "r" look sure at every depth; then 10 steps keep only position 1
+    for _ in range(10):
+        est.observe("r", num_drafted=3, accepted=3)
+    promised = survival(est.alphas("r"))
+    before = list(est.predicted)
+    for _ in range(10):
+        est.observe("r", num_drafted=3, accepted=1)
+    cal = est.calibration()
+    # position 3 was promised more than it kept; every promise is counted before its outcome
+    assert est.kept == [20, 10, 10]
+    assert est.predicted[2] > before[2] + 10 * 0.5 * promised[2]
+    assert cal[2] == pytest.approx((10 + 5) / (est.predicted[2] + 5)) and cal[2] < 0.8 < cal[0]
+    raw, got = survival(est.alphas("r")), est.scores("r", 3)
+    assert got[2] == pytest.approx(min(raw[2] * cal[2], got[1])) and got[2] < raw[2]
+    assert got[0] >= got[1] >= got[2] and got[0] <= 1.0
+    # a new request starts from the pooled estimate, calibrated alike
+    assert est.scores("new", 3)[2] == pytest.approx(min(survival(est.pooled_alphas())[2] * cal[2],
+                                                         est.scores("new", 3)[1]))
 
 
 def make_points(model: CostModel, grid) -> list[CostPoint]:

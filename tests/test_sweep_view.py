@@ -5,7 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from explorer.sweep_view import REQUIRED, read_sweep, show, sweep_figure, with_speedup
+from explorer.sweep_view import REQUIRED, read_sweep, shipped_sweeps, show, sweep_figure, with_speedup
+from explorer.ui import SWEEP_DIR
 
 
 def rows(policy, tps_by_c, category=None):
@@ -77,3 +78,21 @@ def test_sweep_targets_table():
     df["acceptance_per_position_per_text"] = ["0.85 0.7"] * 4 + ["0.85 0.7", "0.9000 0.7", "0.85 0.7", "0.85 0.7"]
     acc = [c for c in check(df) if c["target"].startswith("accept")]
     assert [(c["value"], c["ok"]) for c in acc] == [(0.05, True)]
+
+
+def test_shipped_sweeps_follow_the_index_then_the_rest_by_name(tmp_path):
+    for name in ("b.csv", "a.csv", "record.csv"):
+        (tmp_path / name).write_text(",".join(REQUIRED) + "\n")
+    (tmp_path / "index.json").write_text(
+        '[{"file": "record.csv", "about": "of record"}, {"file": "gone.csv", "about": "deleted"}]')
+    got = [(s.path.name, s.about) for s in shipped_sweeps(tmp_path)]
+    assert got == [("record.csv", "of record"), ("a.csv", ""), ("b.csv", "")]
+    assert shipped_sweeps(tmp_path / "missing") == []
+
+
+def test_every_shipped_sweep_is_in_the_index_and_reads():
+    """The explorer's default sweep is the index's first: every shipped CSV says what it is."""
+    shipped = shipped_sweeps(SWEEP_DIR)
+    assert shipped and all(s.about for s in shipped), [s.path.name for s in shipped if not s.about]
+    for s in shipped:
+        assert not read_sweep(s.path).empty
