@@ -39,7 +39,7 @@ pooled over the level's steps) and acceptance_per_position_per_text (the same
 with each distinct prompt weighted once, so levels that ran the prompts a
 different number of times compare the same texts), runs, total_tokens_per_s_min,
 total_tokens_per_s_max, measured_s (the median run's measured seconds: the
-window, or the wave's wall time). A table is printed, then a JSON last line.
+span of the window's steps, or the wave's wall time). A table is printed, then a JSON last line.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency:
     run measures a cold start as much as the level. By the first completion the
     ramp is over; the window then sees the level as a person's slider load does.
     Tokens/s is the engine's own count: tokens emitted in the tap's steps that
-    ended inside the window, over its length. The requests still running when it
+    ended inside the window, over the time those steps span (``window_rate``). The requests still running when it
     closes are cancelled (vLLM aborts them), and the run ends when vLLM reports
     the engine idle, so none of them run into the next measurement.
     """
@@ -198,12 +198,29 @@ async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency:
         engine.client.tap.unwatch(watch)
     inside = [s for s in steps if w0 < s.t <= w1]  # step end times, the same monotonic clock
     done = [r for r in results if w0 < r.t_end <= w1] or results
+    tokens_per_s, span_s = window_rate(inside)
     measured = {
-        "tokens_per_s": round(sum(s.num_emitted for s in inside) / (w1 - w0), 3),
+        "tokens_per_s": round(tokens_per_s, 3),
         "per_request_tokens_per_s": round(statistics.mean(r.tokens_per_second for r in done), 3),
-        "measured_s": round(w1 - w0, 3),
+        "measured_s": round(span_s, 3),
     }
     return Run(measured, inside, results)
+
+
+def window_rate(steps: list[EngineStep]) -> tuple[float, float]:
+    """(tokens/s, seconds) over consecutive steps: their emitted tokens over the time they
+    span, from the end of the step before the first (``interval_s`` reaches back to it,
+    idle time included) to the end of the last.
+
+    Dividing by the window's length instead counts each edge step whole or not
+    at all: at c=16 here a step emits 16 tokens in about 0.6 s, 3 % of a 20 s
+    window, as much as the targets allow.
+    """
+    if not steps:
+        return 0.0, 0.0
+    steps = sorted(steps, key=lambda s: s.t)
+    span_s = steps[-1].t - (steps[0].t - steps[0].interval_s)
+    return (sum(s.num_emitted for s in steps) / span_s if span_s > 0 else 0.0), span_s
 
 
 async def _until_idle(engine: LiveEngine, timeout_s: float) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.policy_control import PolicySpec
-from engine_adapter.records import RequestResult, Step
+from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.sweep import (COLUMNS, EXTRA_COLUMNS, Policy, Run, acceptance_per_text, k_needed,
-                                  parse_policy, row_from_runs)
+                                  parse_policy, row_from_runs, window_rate)
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = [(1, 2, 3), (3, 64, 0)]
@@ -92,6 +92,24 @@ def test_a_level_reports_the_median_run(tps, median, lo, hi):
     assert row["acceptance_per_position_per_text"] == "1.0000 0.0000"
 
 
+def _engine_step(t: float, interval_s: float, emitted: int) -> EngineStep:
+    return EngineStep(seq=0, t=t, wall_s=interval_s, interval_s=interval_s, batch_size=emitted, k=0,
+                      num_tokens=emitted, num_drafted=0, num_accepted=0, num_emitted=emitted,
+                      accepted_per_pos=(), reached_per_pos=(), num_drafting=0, tap_s=0.0)
+
+
+@pytest.mark.parametrize("steps, rate, span", [
+    ([], 0.0, 0.0),
+    # 16 tokens per 0.6 s step: 16/0.6 whatever the window's length around them
+    ([(10.6, 0.6, 16), (11.2, 0.6, 16), (11.8, 0.6, 16)], 48 / 1.8, 1.8),
+    # an idle gap between steps counts (interval_s includes it); order does not matter
+    ([(12.0, 1.0, 4), (10.5, 0.5, 4)], 8 / 2.0, 2.0),
+])
+def test_window_rate_spans_its_steps(steps, rate, span):
+    got = window_rate([_engine_step(*s) for s in steps])
+    assert got == (pytest.approx(rate), pytest.approx(span))
+
+
 def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
@@ -121,7 +139,7 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
             assert float(by[(policy, c)]["total_tokens_per_s"]) > 0
             assert 0 <= float(by[(policy, c)]["effective_k"]) <= 3
     # every run measured a 3 s window of the steady loop (and ended with the engine idle)
-    assert all(3.0 <= float(r["measured_s"]) < 4.0 for r in rows)
+    assert all(2.5 <= float(r["measured_s"]) < 3.5 for r in rows)  # the span of its steps
     assert (tmp_path / "cache" / "cost").is_dir()  # the cost model was profiled and kept
     assert json.loads(done.stdout.strip().splitlines()[-1])["rows"][0]["policy"] == "off"
 
