@@ -39,7 +39,7 @@ pooled over the level's steps) and acceptance_per_position_per_text (the same
 with each distinct prompt weighted once, so levels that ran the prompts a
 different number of times compare the same texts), runs, total_tokens_per_s_min,
 total_tokens_per_s_max, measured_s (the median run's measured seconds: the
-span of the window's steps, or the wave's wall time). A table is printed, then a JSON last line.
+window, or the wave's wall time). A table is printed, then a JSON last line.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency:
     run measures a cold start as much as the level. By the first completion the
     ramp is over; the window then sees the level as a person's slider load does.
     Tokens/s is the engine's own count: tokens emitted in the tap's steps that
-    ended inside the window, over the time those steps span (``window_rate``). The requests still running when it
+    overlapped the window, prorated at its edges, over its length (``window_rate``). The requests still running when it
     closes are cancelled (vLLM aborts them), and the run ends when vLLM reports
     the engine idle, so none of them run into the next measurement.
     """
@@ -198,29 +198,33 @@ async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency:
         engine.client.tap.unwatch(watch)
     inside = [s for s in steps if w0 < s.t <= w1]  # step end times, the same monotonic clock
     done = [r for r in results if w0 < r.t_end <= w1] or results
-    tokens_per_s, span_s = window_rate(inside)
     measured = {
-        "tokens_per_s": round(tokens_per_s, 3),
+        "tokens_per_s": round(window_rate(steps, w0, w1), 3),
         "per_request_tokens_per_s": round(statistics.mean(r.tokens_per_second for r in done), 3),
-        "measured_s": round(span_s, 3),
+        "measured_s": round(w1 - w0, 3),
     }
     return Run(measured, inside, results)
 
 
-def window_rate(steps: list[EngineStep]) -> tuple[float, float]:
-    """(tokens/s, seconds) over consecutive steps: their emitted tokens over the time they
-    span, from the end of the step before the first (``interval_s`` reaches back to it,
-    idle time included) to the end of the last.
+def window_rate(steps: list[EngineStep], w0: float, w1: float) -> float:
+    """Tokens/s emitted in the window (w0, w1]: each step's tokens, prorated by the
+    share of its interval (``interval_s``, idle time before it included) that
+    lies inside the window, over the window's length.
 
-    Dividing by the window's length instead counts each edge step whole or not
-    at all: at c=16 here a step emits 16 tokens in about 0.6 s, 3 % of a 20 s
-    window, as much as the targets allow.
+    Counting the steps that ended inside whole, as before, moves the figure by
+    a whole step at each edge: at c=16 here a step emits 16 tokens in about
+    0.6 s, 3 % of a 20 s window, as much as the targets allow. Dividing those
+    steps' tokens by the time they span instead would drop a long step in
+    progress at the window's end (a burst of prefills at c=16 with K=5 takes
+    seconds): measured, it doubled K=5's rate.
     """
-    if not steps:
-        return 0.0, 0.0
-    steps = sorted(steps, key=lambda s: s.t)
-    span_s = steps[-1].t - (steps[0].t - steps[0].interval_s)
-    return (sum(s.num_emitted for s in steps) / span_s if span_s > 0 else 0.0), span_s
+    total = 0.0
+    for s in steps:
+        start = s.t - s.interval_s
+        overlap = min(s.t, w1) - max(start, w0)
+        if overlap > 0:
+            total += s.num_emitted * (overlap / s.interval_s if s.interval_s > 0 else 1.0)
+    return total / (w1 - w0) if w1 > w0 else 0.0
 
 
 async def _until_idle(engine: LiveEngine, timeout_s: float) -> None:
