@@ -128,7 +128,11 @@ class BackgroundLoad:
         return n
 
     async def _worker(self) -> None:
-        while time.monotonic() < self._deadline and self._started < self.max_requests:
+        me = asyncio.current_task()
+        # cancelling(): a cancel that a request's clean-up swallowed must still end the worker
+        # (seen: tests' loads ran on to max_seconds after stop())
+        while (time.monotonic() < self._deadline and self._started < self.max_requests
+               and not (me is not None and me.cancelling())):
             self._started += 1
             try:
                 result = await _run_one(self.client, next(self._prompts), self.max_tokens, self.temperature)
