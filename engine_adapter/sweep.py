@@ -39,7 +39,9 @@ pooled over the level's steps) and acceptance_per_position_per_text (the same
 with each distinct prompt weighted once, so levels that ran the prompts a
 different number of times compare the same texts), runs, total_tokens_per_s_min,
 total_tokens_per_s_max, measured_s (the median run's measured seconds: the
-window, or the wave's wall time). A table is printed, then a JSON last line.
+window, or the wave's wall time), mean_batch_size, mean_step_s and mean_tap_s
+(per step, pooled: requests, the step's wall seconds, the tap's own seconds in
+it). A table is printed, then a JSON last line.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ from engine_adapter.records import EngineStep, RequestResult
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
 EXTRA_COLUMNS = ["acceptance_per_position", "acceptance_per_position_per_text",
-                 "runs", "total_tokens_per_s_min", "total_tokens_per_s_max", "measured_s"]
+                 "runs", "total_tokens_per_s_min", "total_tokens_per_s_max", "measured_s",
+                 "mean_batch_size", "mean_step_s", "mean_tap_s"]
 
 
 @dataclass(frozen=True)
@@ -267,6 +270,11 @@ def row_from_runs(runs: list[Run]) -> dict[str, Any]:
         "total_tokens_per_s_min": round(min(tps), 3),
         "total_tokens_per_s_max": round(max(tps), 3),
         "measured_s": round(statistics.median(r.measured["measured_s"] for r in runs), 3),
+        # where a level's time goes, pooled over the steps: the engine's step (wall_s)
+        # and the tap's own share of it (records, policy and auction included)
+        "mean_batch_size": round(request_steps / len(steps), 3) if steps else 0.0,
+        "mean_step_s": round(statistics.mean(s.wall_s for s in steps), 5) if steps else 0.0,
+        "mean_tap_s": round(statistics.mean(s.tap_s for s in steps), 6) if steps else 0.0,
     }
 
 

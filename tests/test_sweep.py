@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,15 @@ def test_by_category_adds_the_column(tiny, tmp_path):
         assert r["runs"] == "2"
         assert float(r["total_tokens_per_s_min"]) <= float(r["total_tokens_per_s"]) <= float(r["total_tokens_per_s_max"])
     assert "run 2/2" in done.stderr
+
+
+@pytest.mark.parametrize("steps, batch, step_s, tap_s", [
+    ([], 0.0, 0.0, 0.0),
+    ([(4, 0.20, 0.001)], 4.0, 0.2, 0.001),
+    ([(16, 0.60, 0.002), (8, 0.40, 0.004)], 12.0, 0.5, 0.003),  # pooled over steps, not weighted by batch
+])
+def test_a_level_reports_where_its_step_time_goes(steps, batch, step_s, tap_s):
+    run = Run({"tokens_per_s": 1.0, "per_request_tokens_per_s": 1.0, "measured_s": 20.0},
+              [replace(_engine_step(1.0, w, b), wall_s=w, tap_s=t) for b, w, t in steps], [])
+    row = row_from_runs([run])
+    assert (row["mean_batch_size"], row["mean_step_s"], row["mean_tap_s"]) == pytest.approx((batch, step_s, tap_s))
