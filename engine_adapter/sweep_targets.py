@@ -52,15 +52,17 @@ def check(df: pd.DataFrame) -> list[dict]:
         # same texts at both levels where the sweep measured it (older CSVs: pooled)
         col = next((c for c in ("acceptance_per_position_per_text", "acceptance_per_position")
                     if c in d.columns), None)
-        if col is not None:
-            c_hi = d["concurrency"].max()
+        c_lo, c_hi = d["concurrency"].min(), d["concurrency"].max()
+        if col is not None and c_hi > c_lo:  # one level alone compares nothing
             for policy in [p for p in d["policy"].unique() if p.startswith("k")]:
-                lo = d[(d["policy"] == policy) & (d["concurrency"] == d["concurrency"].min())]
+                lo = d[(d["policy"] == policy) & (d["concurrency"] == c_lo)]
                 hi = d[(d["policy"] == policy) & (d["concurrency"] == c_hi)]
                 if lo.empty or hi.empty:
                     continue
-                a = [float(x) for x in str(lo[col].iloc[0]).split()]
-                b = [float(x) for x in str(hi[col].iloc[0]).split()]
+                a, b = (str(x[col].iloc[0]).split() if pd.notna(x[col].iloc[0]) else [] for x in (lo, hi))
+                if not a or not b:  # K=0: no draft was tested, nothing to compare
+                    continue
+                a, b = [float(x) for x in a], [float(x) for x in b]
                 # the CSV holds 4 decimals: 0.9000 - 0.8500 must read 0.05, not 0.05000000000000004
                 diff = round(max((abs(x - y) for x, y in zip(a, b)), default=0.0), 4)
                 out.append({"target": f"acceptance per position, c={int(c_hi)} vs c=1", "category": cat,

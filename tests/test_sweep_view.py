@@ -78,6 +78,13 @@ def test_sweep_targets_table():
     df["acceptance_per_position_per_text"] = ["0.85 0.7"] * 4 + ["0.85 0.7", "0.9000 0.7", "0.85 0.7", "0.85 0.7"]
     acc = [c for c in check(df) if c["target"].startswith("accept")]
     assert [(c["value"], c["ok"]) for c in acc] == [(0.05, True)]
+    # K=0 tested no draft, and one level alone has nothing to compare against: no check either way
+    df["acceptance_per_position_per_text"] = ["", float("nan"), "", ""] * 2  # as a CSV reads back: NaN
+    df.loc[df["policy"] == "k3", "policy"] = "k0"
+    assert not [c for c in check(df) if c["target"].startswith("accept")]
+    one_level = df[df["concurrency"] == 16].assign(policy=["off", "k3", "auto", "auction"],
+                                                    acceptance_per_position_per_text="0.8 0.7")
+    assert not [c for c in check(one_level) if c["target"].startswith("accept")]
 
 
 def test_shipped_sweeps_follow_the_index_then_the_rest_by_name(tmp_path):
