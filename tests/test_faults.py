@@ -409,7 +409,7 @@ async def _serves_a_request(service: EngineService) -> RequestResult:
 
 async def test_a_killed_engine_is_reported_ends_its_requests_and_comes_back(service):
     assert await service.set_background(2) == 2
-    for attempt in range(3):
+    for _ in range(3):
         _wait(service, {"ready"}, 300)
         gen = service.status().generation
         pgid, server = _vllm_server_pid(service)
