@@ -3,7 +3,7 @@
     python -m engine_adapter.sweep --concurrency 1,2,4,8,16 \\
         --policies off,k1,k3,k5,table,auto,auction --prompts FILE --max-tokens N \\
         --out sweep.csv [--method draft] [--table JSON] [--k-max 5] [--by-category]
-        [--window-s 20 | --window-s 0] [--repeats N]
+        [--window-s 20 | --window-s 0] [--repeats N] [--steps-out STEPS.jsonl]
 
 Policies: ``off`` (an engine started with speculation off), ``kN`` (fixed
 K=N), ``table`` (vLLM's ``num_speculative_tokens_per_batch_size``, from
@@ -41,7 +41,9 @@ different number of times compare the same texts), runs, total_tokens_per_s_min,
 total_tokens_per_s_max, measured_s (the median run's measured seconds: the
 window, or the wave's wall time), mean_batch_size, mean_step_s and mean_tap_s
 (per step, pooled: requests, the step's wall seconds, the tap's own seconds in
-it). A table is printed, then a JSON last line.
+it). A table is printed, then a JSON last line. --steps-out writes every measured
+step of every run as a JSONL line (the session trace's ``engine_step`` fields,
+``t`` from the run's first step, plus policy, concurrency, category and run).
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ from engine_adapter.profile import config_cache_path, load_cached, profile_engin
 from engine_adapter.provenance import position_counts
 from engine_adapter.record import read_prompts
 from engine_adapter.records import EngineStep, RequestResult
+from engine_adapter.session_trace import engine_step_line
 
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
@@ -300,6 +303,7 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
     base = dict(target=args.target, draft=args.draft, max_model_len=2048, max_num_seqs=max_seqs,
                 kv_cache_gib=args.kv_cache_gib)
     engines: dict[str, LiveEngine] = {}
+    steps_out = args.steps_out.open("w", encoding="utf-8") if args.steps_out else None
     try:
         if any(p.spec is None for p in policies):
             _say("== starting the speculation-off engine")
@@ -350,6 +354,11 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
                         if pol.spec is not None:
                             counts.add(run.steps)
                         runs[pol.name].append(run)
+                        if steps_out is not None:
+                            t0 = run.steps[0].t if run.steps else 0.0
+                            for s in run.steps:
+                                steps_out.write(json.dumps({"policy": pol.name, "concurrency": c, "category": cat,
+                                                            "run": rnd + 1, **engine_step_line(s, t0)}) + "\n")
                         _say(f"   c={c} {cat} {pol.name} run {rnd + 1}/{args.repeats}: "
                              f"{run.measured['tokens_per_s']:.2f} tok/s")
                 for pol in policies:
@@ -362,6 +371,8 @@ async def sweep(args: argparse.Namespace) -> pd.DataFrame:
     finally:
         for e in engines.values():
             await e.close()
+        if steps_out is not None:
+            steps_out.close()
     cols = COLUMNS + (["category"] if args.by_category else []) + EXTRA_COLUMNS
     order = {p.name: i for i, p in enumerate(policies)}
     df = pd.DataFrame(rows, columns=cols)
@@ -391,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-s", type=float, default=20.0,
                    help="seconds of a steady closed loop measured per run, from its first completion "
                         "(default 20); 0 = one wave of max(C, --min-requests) requests, ramp-up and all")
+    p.add_argument("--steps-out", type=Path, default=None,
+                   help="write every measured step of every run here (JSONL), to see where time went")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)

@@ -129,7 +129,9 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
             return f"Queued: {spec.describe()} applies when profiling ends."
         return f"✓ Sent to the engine: {spec.describe()} (no restart; the line below says when it ran)."
 
-    apply_btn.click(apply, [policy, k, table, unlocked], said, api_name="set_policy")
+    # always_last: a click while the last apply still waits for the engine runs after it
+    # (Gradio's default drops it, so a quick "table, then auction" kept the table)
+    apply_btn.click(apply, [policy, k, table, unlocked], said, api_name="set_policy", trigger_mode="always_last")
 
     async def profile(may: bool) -> str:
         if refusal := presenter.refusal(may):

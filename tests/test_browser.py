@@ -169,13 +169,16 @@ def test_k_policies_switch_live_under_load(page):
     page.keyboard.type("1")
     page.keyboard.press("Enter")
     page.locator("#apply-policy").click()
-    with showing(page, "#policy-status"):
-        page.wait_for_selector("#policy-status:has-text('applied at engine step')", timeout=60_000)
+    with showing(page, "#policy-status"):  # this table, not the fixed K that was in force before
+        page.wait_for_selector("#policy-status:has-text('K table [[1, 2, 3], [3, 4, 1], [5, 64, 0]] "
+                               "(applied at engine step')", timeout=60_000)
     with showing(page, "#table-in-force"):
         page.wait_for_selector("#table-in-force:has-text('in force')", timeout=30_000)
     assert "Engine ready" in page.locator("#engine-status").inner_text()  # no restart
     page.locator("#policy input[value=auction]").check()
     page.locator("#apply-policy").click()
+    with showing(page, "#policy-said"):
+        page.wait_for_selector("#policy-said:has-text('Sent to the engine: slot auction')", timeout=60_000)
     with showing(page, "#policy-status"):
         page.wait_for_selector("#policy-status:has-text('slot auction (applied at engine step')", timeout=60_000)
     with showing(page, "#auction-grid"):

@@ -154,12 +154,18 @@ def test_by_category_adds_the_column(tiny, tmp_path):
     out = tmp_path / "sweep.csv"
     cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "k1",
            "--by-category", "--prompts", str(prompts), "--max-tokens", "8", "--min-requests", "1", "--repeats", "2",
-           "--window-s", "0",
+           "--window-s", "0", "--steps-out", str(tmp_path / "steps.jsonl"),
            "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0].keys()) == COLUMNS + ["category"] + EXTRA_COLUMNS
+    # every measured step, labelled with its run: K=1 drafts, tokens add up to what the runs emitted
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert {(s["category"], s["run"]) for s in steps} == {(c, r) for c in ("code", "story") for r in (1, 2)}
+    assert all(s["type"] == "engine_step" and s["policy"] == "k1" and s["k"] <= 1 for s in steps)
+    for key in {(s["category"], s["run"]) for s in steps}:  # each run: its one request of at most 8 tokens
+        assert 1 <= sum(s["num_emitted"] for s in steps if (s["category"], s["run"]) == key) <= 8
     assert sorted(r["category"] for r in rows) == ["code", "story"]
     for r in rows:  # two runs each, the median between the extremes
         assert r["runs"] == "2"
