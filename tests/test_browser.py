@@ -168,7 +168,10 @@ def test_k_policies_switch_live_under_load(page):
     page.keyboard.press("Control+A")
     page.keyboard.type("1")
     page.keyboard.press("Enter")
+    playwright.expect(cell).to_have_text(re.compile(r"^\s*1(\s|$)"))  # the cell also shows its menu glyph
     page.locator("#apply-policy").click()
+    with showing(page, "#policy-said"):  # a stale cell would say the row-1 error again
+        page.wait_for_selector("#policy-said:has-text('Sent to the engine: K table')", timeout=60_000)
     with showing(page, "#policy-status"):  # this table, not the fixed K that was in force before
         page.wait_for_selector("#policy-status:has-text('K table [[1, 2, 3], [3, 4, 1], [5, 64, 0]] "
                                "(applied at engine step')", timeout=60_000)
