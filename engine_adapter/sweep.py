@@ -174,8 +174,9 @@ async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency:
     ramp is over; the window then sees the level as a person's slider load does.
     Tokens/s is the engine's own count: tokens emitted in the tap's steps that
     overlapped the window, prorated at its edges, over its length
-    (``window_rate``). The requests still running when it closes are cancelled (vLLM aborts them), and the run ends when vLLM reports
-    the engine idle, so none of them run into the next measurement.
+    (``window_rate``). The requests still running when it closes are
+    cancelled (vLLM aborts them), and the run ends when vLLM reports the
+    engine idle, so none of them run into the next measurement.
     """
     results: list[RequestResult] = []
     watch = engine.client.tap.watch()

@@ -32,6 +32,12 @@ def _groups(df: pd.DataFrame):
         yield "all", df
 
 
+def _per_position(cell: pd.Series) -> list[float]:
+    """A row's space-separated acceptance per position; [] where none was measured (NaN in the CSV)."""
+    v = cell.iloc[0]
+    return [float(x) for x in str(v).split()] if pd.notna(v) else []
+
+
 def check(df: pd.DataFrame) -> list[dict]:
     out: list[dict] = []
     for cat, d in _groups(df):
@@ -59,10 +65,9 @@ def check(df: pd.DataFrame) -> list[dict]:
                 hi = d[(d["policy"] == policy) & (d["concurrency"] == c_hi)]
                 if lo.empty or hi.empty:
                     continue
-                a, b = (str(x[col].iloc[0]).split() if pd.notna(x[col].iloc[0]) else [] for x in (lo, hi))
+                a, b = _per_position(lo[col]), _per_position(hi[col])
                 if not a or not b:  # K=0: no draft was tested, nothing to compare
                     continue
-                a, b = [float(x) for x in a], [float(x) for x in b]
                 # the CSV holds 4 decimals: 0.9000 - 0.8500 must read 0.05, not 0.05000000000000004
                 diff = round(max((abs(x - y) for x, y in zip(a, b)), default=0.0), 4)
                 out.append({"target": f"acceptance per position, c={int(c_hi)} vs c=1", "category": cat,

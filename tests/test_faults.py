@@ -342,11 +342,12 @@ def service(tiny):
     assert wait_gone(str(tiny.same), 30) == [], "an engine outlived the service"
 
 
-def _wait(service: EngineService, states: set[str], timeout_s: float):
+def _wait(service: EngineService, states: set[str], timeout_s: float, min_generation: int = 0):
+    """Until the service is in one of ``states`` (with an engine of at least ``min_generation``)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         st = service.status()
-        if st.state in states:
+        if st.state in states and st.generation >= min_generation:
             return st
         time.sleep(0.2)
     st = service.status()
@@ -368,17 +369,6 @@ def _vllm_server_pid(service: EngineService, timeout_s: float = 30) -> tuple[int
             raise AssertionError(f"no vLLM API server in the engine's group: {service.status()}, "
                                  f"faults seen {service.guard.faults}")
         time.sleep(0.5)
-
-
-def _wait_for_generation(service: EngineService, generation: int, timeout_s: float) -> None:
-    """Until the engine of ``generation`` is ready (a restart the guard started has finished)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        st = service.status()
-        if st.state == "ready" and st.generation >= generation:
-            return
-        time.sleep(0.2)
-    pytest.fail(f"engine generation {generation} never became ready: {service.status()}")
 
 
 class FinishedBeforeTheFault(AssertionError):
@@ -419,7 +409,7 @@ async def test_a_killed_engine_is_reported_ends_its_requests_and_comes_back(serv
         except FinishedBeforeTheFault:
             # The whole answer reached the socket before the kill landed (a busy 2-core
             # machine can delay the first item that long): wait out that restart, try again.
-            _wait_for_generation(service, gen + 1, 240)
+            _wait(service, {"ready"}, 240, min_generation=gen + 1)
     else:
         pytest.fail("three requests in a row finished before the kill reached the engine")
     assert isinstance(err, RequestError) and "engine" in str(err), err

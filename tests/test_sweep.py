@@ -160,7 +160,7 @@ def test_by_category_adds_the_column(tiny, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0].keys()) == COLUMNS + ["category"] + EXTRA_COLUMNS
-    # every measured step, labelled with its run: K=1 drafts, tokens add up to what the runs emitted
+    # every measured step, labelled with its run, K at most 1, and no step of another run
     steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert {(s["category"], s["run"]) for s in steps} == {(c, r) for c in ("code", "story") for r in (1, 2)}
     assert all(s["type"] == "engine_step" and s["policy"] == "k1" and s["k"] <= 1 for s in steps)
