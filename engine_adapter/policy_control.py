@@ -48,6 +48,16 @@ class PolicySpec:
         return {"kind": self.kind, "k": self.k, "table": [list(r) for r in self.table] if self.table else None}
 
 
+def check_table(table: Any, k_max: int) -> KTable:
+    """vLLM's table rules plus this engine's cap: a K above ``k_max`` is refused, not silently capped."""
+    rows = validate_k_table(table)
+    over = [r for r in rows if r[2] > k_max]
+    if over:
+        raise ValueError(f"row {list(over[0])}: K is above this engine's num_speculative_tokens "
+                         f"({k_max}); vLLM would cap it, so say what you mean")
+    return rows
+
+
 @dataclass(frozen=True)
 class PolicyState:
     spec: PolicySpec
@@ -74,12 +84,7 @@ class PolicyController:
             raise ValueError(f"K must be between 0 and {self.k_max} (this engine's num_speculative_tokens); "
                              f"got {spec.k}")
         if spec.kind == "table":
-            rows = validate_k_table(spec.table)
-            over = [r for r in rows if r[2] > self.k_max]
-            if over:
-                raise ValueError(f"row {list(over[0])}: K is above this engine's num_speculative_tokens "
-                                 f"({self.k_max}); vLLM would cap it, so say what you mean")
-            return PolicySpec("table", spec.k, rows)
+            return PolicySpec("table", spec.k, check_table(spec.table, self.k_max))
         if spec.kind in ("auto", "auction") and self.cost is None:
             raise ValueError(f"the {spec.kind} policy needs the measured cost model: profile the engine first")
         return spec

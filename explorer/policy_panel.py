@@ -3,6 +3,7 @@
 Contract: ``build_policy_panel(service, foreground)`` adds its components to the
 enclosing ``gr.Blocks`` and wires them; ``foreground`` is the ``gr.State``
 holding this page's current request id (to find it in the auction grid).
+The table editor is checked on every edit (``table_check``), before any Apply.
 It talks to the engine only through ``EngineService`` (``set_policy``,
 ``profile_cost``, ``policy_view``, ``steps_since``); a service without live
 policies (an attached server, a replay) shows why instead.
@@ -20,7 +21,7 @@ import gradio as gr
 import pandas as pd
 
 from engine_adapter.k_policy import derive_auto_table
-from engine_adapter.policy_control import PolicySpec
+from engine_adapter.policy_control import PolicySpec, check_table
 from explorer.presenter import Presenter
 from explorer.policy_charts import (
     auction_figure,
@@ -73,6 +74,15 @@ def table_rows(value: Any) -> list[list[int]]:
     return rows
 
 
+def table_check(rows: Any, k_max: int) -> str:
+    """The editor's table judged as it is typed (vLLM's rules, this engine's K cap), before any Apply."""
+    try:
+        checked = check_table(table_rows(rows), k_max)
+    except ValueError as e:
+        return f"✕ Not a valid table yet: {e}."
+    return f"Valid table {[list(r) for r in checked]}: *Apply policy* with 'K table' chosen sends it."
+
+
 def policy_status(service) -> str:
     v = service.policy_view()
     if not v.available:
@@ -105,6 +115,7 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
                                      datatype=["number", "number", "number"], interactive=True,
                                      label="K table: inclusive [start_bs, end_bs, K]; first row starts at 1; "
                                            "gaps inherit; K=0 = no drafts", elem_id="k-table")
+                checked = gr.Markdown(table_check(DEFAULT_TABLE, k_max), elem_id="table-check")
                 with gr.Row():
                     apply_btn = gr.Button("Apply policy", variant="primary", elem_id="apply-policy")
                     profile_btn = gr.Button("Profile the cost model again", elem_id="profile")
@@ -128,6 +139,13 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
         if state is None:
             return f"Queued: {spec.describe()} applies when profiling ends."
         return f"✓ Sent to the engine: {spec.describe()} (no restart; the line below says when it ran)."
+
+    # the check answers each edit, so an error shows before Apply (and a test can see the edit landed)
+    def check_edit(rows: Any) -> str:
+        v = service.policy_view()
+        return table_check(rows, v.k_max) if v.available else ""  # the status line says why not
+
+    table.change(check_edit, table, checked, show_progress="hidden", queue=False)
 
     # always_last: a click while the last apply still waits for the engine runs after it
     # (Gradio's default drops it, so a quick "table, then auction" kept the table)

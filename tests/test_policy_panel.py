@@ -11,7 +11,7 @@ from engine_adapter.cost_model import CostModel, CostPoint
 from engine_adapter.k_policy import derive_auto_table
 from engine_adapter.records import EngineStep, SlotBid
 from explorer.policy_charts import auction_figure, auto_figure, step_time_figure, table_in_force_markdown
-from explorer.policy_panel import table_rows
+from explorer.policy_panel import table_check, table_rows
 
 
 @pytest.mark.parametrize("cells, expected", [
@@ -35,6 +35,20 @@ def test_table_rows_accepts(cells, expected):
 def test_table_rows_refuses(cells, error):
     with pytest.raises(ValueError, match=error):
         table_rows(cells)
+
+
+@pytest.mark.parametrize("cells, k_max, said", [
+    ([[1, 2, 3], [3, 64, 0]], 3, "Valid table [[1, 2, 3], [3, 64, 0]]"),
+    (pd.DataFrame([[3.0, 64.0, 0.0], [1.0, 2.0, 3.0]]), 5, "Valid table [[1, 2, 3], [3, 64, 0]]"),  # sorted, as vLLM
+    ([[2, 2, 3], [3, 64, 0]], 5, "✕ Not a valid table yet: the first row must start at batch size 1"),
+    ([[1, 4, 3], [3, 64, 0]], 5, "overlap"),
+    ([[1, 4, 6]], 5, "above this engine's num_speculative_tokens (5)"),
+    ([[1, 4, -1]], 5, "K must be >= 0"),
+    ([[1, "x", 1]], 5, "end_bs must be a whole number"),
+    ([], 5, "non-empty list"),
+])
+def test_the_table_is_checked_as_it_is_typed(cells, k_max, said):
+    assert said in table_check(cells, k_max)
 
 
 TABLE = [(1, 2, 3), (4, 8, 1), (16, 64, 0)]
