@@ -1,14 +1,16 @@
 """The "K under load" panel: live K policy, K table editor, cost model, auction grid.
 
-Contract: ``build_policy_panel(service, foreground)`` adds its components to the
-enclosing ``gr.Blocks`` and wires them; ``foreground`` is the ``gr.State``
+Contract: ``build_policy_panel(page, service, foreground, ...)`` adds its components
+to the enclosing ``gr.Blocks`` ``page`` and wires them (on load, the controls show
+the policy in force); ``foreground`` is the ``gr.State``
 holding this page's current request id (to find it in the auction grid).
 The table editor is checked on every edit (``table_check``), before any Apply.
 It talks to the engine only through ``EngineService`` (``set_policy``,
 ``profile_cost``, ``policy_view``, ``steps_since``); a service without live
 policies (an attached server, a replay) shows why instead.
 
-API names: /set_policy (policy, K, table rows) -> status text; /profile.
+API names: /set_policy (policy, K, table rows) -> status text; /profile;
+/policy_controls -> (policy, K, table) as a newly loaded page shows them.
 """
 
 from __future__ import annotations
@@ -102,7 +104,7 @@ def policy_status(service) -> str:
     return " ".join(parts)
 
 
-def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.State,
+def build_policy_panel(page: gr.Blocks, service, foreground: gr.State, k_max: int, unlocked: gr.State,
                        presenter: Presenter) -> None:
     with gr.Accordion("K under load: live policy, cost model, auto table, slot auction", open=True):
         with gr.Row():
@@ -161,6 +163,18 @@ def build_policy_panel(service, foreground: gr.State, k_max: int, unlocked: gr.S
         return "✓ Profiling started (the line below shows its progress)."
 
     profile_btn.click(profile, unlocked, said, api_name="profile")
+
+    def controls_in_force():
+        """The policy the engine runs, in this page's controls (the policy is engine-wide: another
+        page, or this one before a reload, may have set it); once, on load, so a choice is never undone."""
+        v = service.policy_view()
+        if not v.available or v.state is None:
+            return gr.skip(), gr.skip(), gr.skip()
+        spec = v.state.spec
+        return (spec.kind, spec.k if spec.kind == "fixed" else gr.skip(),
+                [list(r) for r in spec.table] if spec.kind == "table" and spec.table else gr.skip())
+
+    page.load(controls_in_force, None, [policy, k, table], api_name="policy_controls", show_progress="hidden")
 
     def refresh(fg: str | None):
         v = service.policy_view()

@@ -130,7 +130,7 @@ def build_ui(service: EngineService, presets: list[Preset], defaults: UiDefaults
         last = gr.State(None)  # this page's last RequestResult
         fg_steps = gr.State([])  # (t, tokens) of this page's foreground steps
         fg_id = gr.State(None)  # this page's current request id (to find it in the auction grid)
-        build_policy_panel(service, fg_id, defaults.config.k_max or defaults.config.k, unlocked, defaults.presenter)
+        build_policy_panel(demo, service, fg_id, defaults.config.k_max or defaults.config.k, unlocked, defaults.presenter)
         build_sweep_panel(SWEEP_DIR)
 
         def pick(label: str | None) -> str:

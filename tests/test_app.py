@@ -58,3 +58,24 @@ def test_lossless_check_without_a_run_says_what_to_do(app_url):
     client = Client(app_url, verbose=False)
     verdict, *_ = client.predict(0.0, api_name="/lossless")
     assert "Run a prompt first" in verdict
+
+
+TABLE = {"headers": ["start_bs", "end_bs", "K"]}
+
+
+@pytest.mark.parametrize("policy, k, rows, shown", [
+    ("table", 3, [[1, 2, 1], [3, 64, 0]], ("table", None, [[1, 2, 1], [3, 64, 0]])),
+    ("fixed", 2, [[1, 1, 1]], ("fixed", 2, None)),
+    ("off", 3, [[1, 1, 1]], ("off", None, None)),
+    ("fixed", 3, [[1, 1, 1]], ("fixed", 3, None)),  # last: the app's own default again
+])
+def test_a_page_loaded_later_shows_the_policy_in_force(app_url, policy, k, rows, shown):
+    """The policy is engine-wide: a page opened (or reloaded) after someone applied one shows it."""
+    setter = Client(app_url, verbose=False)
+    assert "Sent to the engine" in setter.predict(policy, k, {**TABLE, "data": rows}, api_name="/set_policy")
+    kind, k_shown, table = Client(app_url, verbose=False).predict(api_name="/policy_controls")
+    assert kind == shown[0]
+    if shown[1] is not None:
+        assert k_shown == shown[1]
+    if shown[2] is not None:
+        assert table["data"] == shown[2]

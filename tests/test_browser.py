@@ -195,6 +195,14 @@ def test_k_policies_switch_live_under_load(page):
         page.wait_for_selector("#step-time:has-text('knee')", timeout=30_000)
     page.locator("#policy-status").scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "5-k-policies.png"), full_page=True)
+    # the policy is engine-wide: a reloaded page shows the one in force, not its default
+    page.reload()
+    page.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=60_000)
+    playwright.expect(page.locator("#policy input[value=auction]")).to_be_checked(timeout=30_000)
+    number.fill("6")  # the reload ended this page's session and its load
+    number.press("Enter")
+    page.wait_for_function(
+        "() => document.querySelector('#load-readout').innerText.includes('6 requested')", timeout=30_000)
     page.locator("#policy input[value=fixed]").check()
     page.locator("#apply-policy").click()
     page.wait_for_selector("#policy-status:has-text('fixed K=3 (applied')", timeout=60_000)
