@@ -68,26 +68,55 @@ def _k_in_force(result: RequestResult, num_spec_tokens: int) -> str:
     return f" (the engine's maximum; K in force for this request's steps: **{shown}**)"
 
 
+def why_no_drafts(result: RequestResult | None) -> str | None:
+    """Why a request's draft charts are empty (None: they are not)."""
+    if result is None:
+        return "Run a prompt to see this chart."
+    m = result.spec_decode_metrics
+    if m is None:
+        return "Speculation is off: no drafts to count."
+    if not m["num_spec_steps"]:
+        if len(result.steps) <= 1:  # the prefill's token only
+            return "The request ended at its first token:<br>no draft was tested."
+        return "No verify steps: K was 0 in every step<br>of this request, so no draft was tested."
+    return None
+
+
+def _say(fig: go.Figure, text: str) -> None:
+    """An empty chart says why, in its middle (instead of bare axes)."""
+    fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=12, color="#555"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+
+
 def histogram_figure(result: RequestResult | None) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
-    if m:
-        hist = m["acceptance_histogram"]
-        fig.add_bar(x=[str(j) for j in range(len(hist))], y=hist, marker_color="#4c8bd6",
-                    hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>")
     fig.update_layout(title="acceptance_histogram",
                       xaxis_title="j accepted drafts", yaxis_title="steps", **_LAYOUT)
+    if why := why_no_drafts(result):
+        _say(fig, why)
+        return fig
+    hist = m["acceptance_histogram"]
+    fig.add_bar(x=[str(j) for j in range(len(hist))], y=hist, marker_color="#4c8bd6",
+                hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>")
     return fig
 
 
 def position_figure(result: RequestResult | None) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
-    if m and m.get("per_step_accepted"):
-        rates = per_position_acceptance(m["per_step_accepted"], m["per_step_drafted"], m["num_spec_tokens"])
-        fig.add_bar(x=[str(i + 1) for i in range(len(rates))], y=[r if r is not None else 0 for r in rates],
-                    marker_color="#e08a2e",
-                    hovertemplate="position %{x}: kept %{y:.2f} of the times it was reached<extra></extra>")
     fig.update_layout(title="P(kept) per draft position, when reached",
                       xaxis_title="draft position", yaxis=dict(range=[0, 1.05], title="P(kept)"), **_LAYOUT)
+    why = why_no_drafts(result)
+    if why is None and not m.get("per_step_accepted"):
+        why = f"No per-step drafts recorded for this request<br>(provenance: {result.provenance})."
+    if why:
+        _say(fig, why)
+        return fig
+    rates = per_position_acceptance(m["per_step_accepted"], m["per_step_drafted"], m["num_spec_tokens"])
+    fig.add_bar(x=[str(i + 1) for i in range(len(rates))], y=[r if r is not None else 0 for r in rates],
+                marker_color="#e08a2e",
+                hovertemplate="position %{x}: kept %{y:.2f} of the times it was reached<extra></extra>")
     return fig

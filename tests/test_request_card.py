@@ -1,4 +1,4 @@
-"""The request card and the token tooltips say when an idle drafter dropped the request."""
+"""The request card, its charts and the token tooltips: what they say when an idle drafter dropped the request or no draft was tested."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from engine_adapter.records import RequestResult, Step, Token
-from explorer.request_card import card_markdown
+from explorer.request_card import card_markdown, histogram_figure, position_figure
 from explorer.token_view import token_view_value
 
 METRICS = {
@@ -63,3 +63,30 @@ def test_the_card_says_which_k_the_steps_ran_with(ks, says):
     card = card_markdown(_result(steps))
     assert "num_spec_tokens (K) **1**" in card
     assert (says in card) if says else "K in force" not in card
+
+
+SPEC_OFF = None
+NO_VERIFY = {**METRICS, "acceptance_histogram": [0, 0], "num_spec_steps": 0, "num_accepted_draft_tokens": 0,
+             "num_draft_tokens": 0, "per_step_accepted": [], "per_step_drafted": []}
+DRAFTED = {**METRICS, "per_step_accepted": [1, 0], "per_step_drafted": [1, 1]}
+
+
+@pytest.mark.parametrize("metrics, hist_says, pos_says", [
+    ("no run", "Run a prompt", "Run a prompt"),
+    (SPEC_OFF, "Speculation is off", "Speculation is off"),
+    (NO_VERIFY, "No verify steps: K was 0", "No verify steps: K was 0"),
+    ("one token", "ended at its first token", "ended at its first token"),
+    ({**METRICS}, None, "No per-step drafts recorded"),  # totals only (no tap)
+    (DRAFTED, None, None),
+], ids=["no-run", "spec-off", "k0-throughout", "one-token", "totals-only", "drafted"])
+def test_an_empty_draft_chart_says_why(metrics, hist_says, pos_says):
+    steps = [_step(0, [1], [], 0, False), _step(1, [2, 3], [9], 1, False)]
+    if metrics == "one token":
+        steps, metrics = steps[:1], NO_VERIFY
+    result = None if metrics == "no run" else replace(_result(steps), spec_decode_metrics=metrics)
+    for fig, says in ((histogram_figure(result), hist_says), (position_figure(result), pos_says)):
+        notes = [a.text for a in fig.layout.annotations]
+        if says is None:
+            assert notes == [] and len(fig.data) == 1  # the bars
+        else:
+            assert len(notes) == 1 and says in notes[0] and len(fig.data) == 0
