@@ -13,8 +13,8 @@ import signal
 import sys
 
 from engine_adapter.engine_config import METHODS, EngineConfig, validate_k_table
-from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from engine_adapter.service import EngineService
+from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.service.engine_service import EngineService
 from explorer.presenter import Presenter
 from explorer.presets import load_presets
 from explorer.ui import UiDefaults, build_ui
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.replay and args.record:
         sys.exit("error: --record and --replay do not go together")
     if args.replay:  # a recorded session plays in place of the engine (engine_adapter/replay.py)
-        from engine_adapter.replay import ReplayService
+        from engine_adapter.service.replay_service import ReplayService
 
         try:
             service = ReplayService(args.replay, speed=args.replay_speed)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             service.start(config)
     recorder = None
     if args.record:  # follows the service; written on exit too (engine_adapter/session_recorder.py)
-        from engine_adapter.session_recorder import SessionRecorder
+        from engine_adapter.trace.session_recorder import SessionRecorder
 
         recorder = SessionRecorder(service, args.record).start()
     # SIGTERM (a Space stopping, `kill`) exits through the same clean-up as Ctrl-C;

@@ -28,11 +28,11 @@ import sys
 import time
 from typing import Any
 
-from engine_adapter.engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.load import run_prompts
-from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from engine_adapter.presets import load_presets
+from engine_adapter.service.load import run_prompts
+from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.prompts import load_presets
 from engine_adapter.records import RequestResult
 
 

@@ -14,12 +14,15 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from engine_adapter.tap_wire import IDLE_DRAFTER_WORKER
 
 Method = Literal["off", "ngram", "draft", "suffix"]
 METHODS: tuple[Method, ...] = ("off", "ngram", "draft", "suffix")
 # One row of vLLM's Dynamic SD table: inclusive batch-size range -> K.
 KTable = list[tuple[int, int, int]]
+# The model pair an explorer runs by default (online: hub ids; offline: engine.models maps
+# them to the packaged copies).
+DEFAULT_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+DEFAULT_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 
 
 def suffix_available() -> bool:
@@ -36,8 +39,8 @@ class EngineConfig:
     method: Method = "draft"
     k: int = 3  # num_speculative_tokens
     k_table: KTable | None = None  # num_speculative_tokens_per_batch_size
-    target: str = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
-    draft: str = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    target: str = DEFAULT_TARGET
+    draft: str = DEFAULT_DRAFT
     dtype: str = "bfloat16"
     max_model_len: int = 4096
     max_num_seqs: int = 64
@@ -128,6 +131,16 @@ def validate_k_table(table: Any) -> KTable:
     return rows
 
 
+def check_table(table: Any, k_max: int) -> KTable:
+    """vLLM's table rules plus this engine's cap: a K above ``k_max`` is refused, not silently capped."""
+    rows = validate_k_table(table)
+    over = [r for r in rows if r[2] > k_max]
+    if over:
+        raise ValueError(f"row {list(over[0])}: K is above this engine's num_speculative_tokens "
+                         f"({k_max}); vLLM would cap it, so say what you mean")
+    return rows
+
+
 def k_for_batch_size(table: KTable, batch_size: int, k_max: int) -> int:
     """The K vLLM uses at ``batch_size`` under ``table`` (capped by num_speculative_tokens)."""
     k = table[0][2]
@@ -136,57 +149,3 @@ def k_for_batch_size(table: KTable, batch_size: int, k_max: int) -> int:
             break  # in a gap: the previous row's K carries forward
         k = row_k
     return min(k, k_max)
-
-
-def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str, Any] | None:
-    if config.method == "off":
-        return None
-    spec: dict[str, Any] = {"num_speculative_tokens": config.k_max or config.k}
-    if config.method == "ngram":
-        spec |= {
-            "method": "ngram",
-            "prompt_lookup_min": config.ngram_min,
-            "prompt_lookup_max": config.ngram_max,
-        }
-    elif config.method == "draft":
-        spec |= {"method": "draft_model", "model": draft_dir}
-    elif config.method == "suffix":
-        spec |= {"method": "suffix"}
-    table = config.k_table
-    if table is None and config.k_max is not None:
-        table = [(1, config.max_num_seqs, config.k)]  # table mode from the start: live-switchable
-    if table is not None:
-        spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in table]
-    return spec
-
-
-def server_args(
-    config: EngineConfig, target_dir: str, draft_dir: str | None, port: int
-) -> list[str]:
-    """Arguments for ``python -m vllm.entrypoints.openai.api_server``."""
-    args = [
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--model", target_dir,
-        "--served-model-name", "target",
-        "--dtype", config.dtype,
-        "--max-model-len", str(config.max_model_len),
-        "--max-num-seqs", str(config.max_num_seqs),
-        "--stream-interval", "1",
-        "--seed", "0",
-    ]
-    if config.enforce_eager:
-        args.append("--enforce-eager")
-    spec = speculative_config(config, draft_dir)
-    if spec is not None:
-        args += [
-            "--speculative-config", json.dumps(spec),
-            "--per-request-spec-decode-metrics", "detailed",
-        ]
-    args.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
-    if config.tap:
-        cls = "TapAsyncScheduler" if config.async_scheduling else "TapScheduler"
-        args += ["--scheduler-cls", f"engine_adapter.scheduler_tap.{cls}"]
-    if config.drafter_idles:
-        args += ["--worker-cls", IDLE_DRAFTER_WORKER]
-    return args + list(config.extra_args)

@@ -88,46 +88,6 @@ def metrics_from_histogram(histogram: Sequence[int], num_draft_tokens: int) -> S
     )
 
 
-def alpha_from_histogram(histogram: Sequence[int], k: int) -> float:
-    """Per-token acceptance alpha: accepted over draft positions actually tested.
-
-    A step that accepted j < K drafts tested j + 1 positions (the last one
-    failed); a step that accepted all K tested K. So
-    alpha = sum j*h[j] / sum h[j]*min(j+1, K). For the vLLM example
-    [39, 1, 0, 3] with K=3: 10 / 50 = 0.20.
-    """
-    tested = sum(h * min(j + 1, k) for j, h in enumerate(histogram))
-    accepted = sum(j * h for j, h in enumerate(histogram))
-    return accepted / tested if tested else 0.0
-
-
-def per_position_acceptance(
-    per_step_accepted: Sequence[int], per_step_drafted: Sequence[int], k: int
-) -> list[float | None]:
-    """P(draft at position i is kept | position i was drafted and reached), i = 1..k.
-
-    Position i is reached when the i-1 drafts before it were kept. None where a
-    position was never reached.
-    """
-    kept, reached = position_counts(per_step_accepted, per_step_drafted, k)
-    return [kept[i] / reached[i] if reached[i] else None for i in range(k)]
-
-
-def position_counts(
-    per_step_accepted: Sequence[int], per_step_drafted: Sequence[int], k: int
-) -> tuple[list[int], list[int]]:
-    """(kept, reached) per draft position 1..k over steps: position i is reached
-    (tested) when every draft before it was kept; positions beyond k are ignored."""
-    reached = [0] * k
-    kept = [0] * k
-    for acc, drafted in zip(per_step_accepted, per_step_drafted):
-        for i in range(min(drafted, acc + 1, k)):
-            reached[i] += 1
-            if i < acc:
-                kept[i] += 1
-    return kept, reached
-
-
 def steps_from_counts(
     chunk_sizes: Sequence[int],
     per_step_accepted: Sequence[int],

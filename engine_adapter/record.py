@@ -22,48 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine_adapter.engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, validate_k_table
-from engine_adapter.launcher import EngineStartError
-from engine_adapter.load import run_prompts
-from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from engine_adapter.records import RequestResult
-
-
-def read_prompts(path: Path) -> list[str]:
-    prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
-            raise ValueError(f'{path}:{n}: expected an object with a "prompt" string')
-        prompts.append(obj["prompt"])
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
-
-
-def request_line(result: RequestResult) -> dict[str, Any]:
-    return {
-        "type": "request",
-        "request_id": result.request_id,
-        "prompt": result.prompt,
-        "text": result.text,
-        "token_ids": result.token_ids,
-        "kinds": result.kinds,
-        "steps": [s.to_trace() for s in result.steps],
-        "spec_decode_metrics": result.spec_decode_metrics,
-        "tokens_per_second": result.tokens_per_second,
-        "provenance": result.provenance,
-        "finish_reason": result.finish_reason,
-        "num_prompt_tokens": result.num_prompt_tokens,
-        "ttft_s": (result.t_first_token - result.t_start) if result.t_first_token else None,
-        "wall_s": result.t_end - result.t_start,
-    }
+from engine_adapter.engine.launcher import EngineStartError
+from engine_adapter.service.load import run_prompts
+from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.prompts import read_prompts
+from engine_adapter.trace.format import request_line
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -65,20 +65,6 @@ class Step:
     # from then on it gets no drafts whatever K is in force
     drafter_idle: bool = False
 
-    def to_trace(self) -> dict[str, Any]:
-        """The recorder's per-step object (see README, trace format)."""
-        return {
-            "drafted": self.drafted,
-            "num_drafted": self.num_drafted,
-            "accepted": self.accepted,
-            "emitted": self.emitted,
-            "batch_size": self.batch_size,
-            "k": self.k,
-            "t": self.t,
-            "wall_s": self.wall_s,
-            "drafter_idle": self.drafter_idle,
-        }
-
 
 @dataclass(slots=True)
 class SpecDecodeMetrics:

@@ -63,18 +63,18 @@ import httpx
 import pandas as pd
 
 from engine_adapter.bench import measure, measure_results
-from engine_adapter.engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, KTable, validate_k_table
-from engine_adapter.k_policy import PositionCounts
-from engine_adapter.load import BackgroundLoad
-from engine_adapter.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from engine_adapter.policy_control import PolicyController, PolicySpec
-from engine_adapter.prom import fetch_snapshot
-from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
-from engine_adapter.provenance import position_counts
-from engine_adapter.record import read_prompts
+from engine_adapter.acceptance import PositionCounts
+from engine_adapter.service.load import BackgroundLoad
+from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.policy.controller import PolicyController, PolicySpec
+from engine_adapter.engine.prometheus import fetch_snapshot
+from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.acceptance import position_counts
+from engine_adapter.prompts import read_prompts
 from engine_adapter.records import EngineStep, RequestResult
-from engine_adapter.session_trace import engine_step_line
+from engine_adapter.trace.format import engine_step_line
 
 COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]

@@ -19,9 +19,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine_adapter.cost_model import CostModel
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.engine_config import KTable
-from engine_adapter.k_policy import AutoTable
+from engine_adapter.policy.k_policy import AutoTable
 from engine_adapter.records import EngineStep
 
 HEIGHT = 300

@@ -22,8 +22,9 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from engine_adapter.k_policy import derive_auto_table
-from engine_adapter.policy_control import PolicySpec, check_table
+from engine_adapter.policy.k_policy import derive_auto_table
+from engine_adapter.policy.controller import PolicySpec
+from engine_adapter.engine_config import check_table
 from explorer.presenter import Presenter
 from explorer.policy_charts import (
     auction_figure,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from engine_adapter.replay import ReplayInfo
+from engine_adapter.service.replay_service import ReplayInfo
 
 
 def _clock(seconds: float) -> str:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from engine_adapter.provenance import alpha_from_histogram, per_position_acceptance
+from engine_adapter.acceptance import alpha_from_histogram, per_position_acceptance
 from engine_adapter.records import RequestResult, Step
 
 _LAYOUT = dict(height=220, margin=dict(l=40, r=10, t=36, b=36), template="plotly_white")

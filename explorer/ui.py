@@ -16,9 +16,9 @@ from pathlib import Path
 import gradio as gr
 
 from engine_adapter.engine_config import EngineConfig, available_methods
-from engine_adapter.record import request_line
+from engine_adapter.trace.format import request_line
 from engine_adapter.records import RequestResult, Step
-from engine_adapter.service import EngineService
+from engine_adapter.service.engine_service import EngineService
 from explorer.chart_export import add_csv_export
 from explorer.live_charts import bin_prom, bin_steps, foreground_rate, live_figure
 from explorer.input_checks import MAX_TOKENS, check_run

@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.engine import LiveEngine  # noqa: E402
+from engine_adapter.engine.live_engine import LiveEngine  # noqa: E402
 from engine_adapter.engine_config import EngineConfig  # noqa: E402
 from engine_adapter.records import RequestResult, Step  # noqa: E402
-from engine_adapter.scheduler_tap import TapAsyncScheduler  # noqa: E402
+from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler  # noqa: E402
 
 K = 3
 

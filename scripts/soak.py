@@ -40,8 +40,8 @@ from gradio_client import Client
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.presets import load_presets  # noqa: E402
-from engine_adapter.prom import parse_metrics  # noqa: E402
+from engine_adapter.prompts import load_presets  # noqa: E402
+from engine_adapter.engine.prometheus import parse_metrics  # noqa: E402
 from tests.support.app_process import AppNotReady, AppProcess, engine_ready, start_app, wait_ready  # noqa: E402
 
 

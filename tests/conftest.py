@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from engine_adapter.engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
 from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
 from tests.support.tiny_models import TinyFamily, build_tiny_family

@@ -11,8 +11,8 @@ import asyncio
 import httpx
 import pytest
 
-from engine_adapter.load import run_prompts
-from engine_adapter.prom import fetch_snapshot
+from engine_adapter.service.load import run_prompts
+from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.provenance import kinds_for_step
 from engine_adapter.records import RequestResult, Step
 

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.client import EngineClient, RequestError
+from engine_adapter.engine.client import EngineClient, RequestError
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.launcher import EngineProcess, EngineStartError, free_port
+from engine_adapter.engine.launcher import EngineProcess, EngineStartError, free_port
 from engine_adapter.records import RequestResult, Step
-from engine_adapter.resources import DISK_ENV, MEM_ENV, NotEnoughResources, check_resources, estimate
-from engine_adapter.service import EngineService
-from engine_adapter.supervise import group_members
-from engine_adapter.token_text import load_tokenizer
-from engine_adapter.watchdog import Backoff, HealthJudge, WatchdogSettings, backoff_delay, describe_exit
+from engine_adapter.engine.resources import DISK_ENV, MEM_ENV, NotEnoughResources, check_resources, estimate
+from engine_adapter.service.engine_service import EngineService
+from engine_adapter.engine.supervise import group_members
+from engine_adapter.engine.token_text import load_tokenizer
+from engine_adapter.service.watchdog import Backoff, HealthJudge, WatchdogSettings, backoff_delay, describe_exit
 from explorer.ui import status_markdown
 from tests.conftest import tiny_config
 from tests.support.app_process import start_app, wait_ready

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.engine import LiveEngine
-from engine_adapter.launcher import EngineProcess, EngineStartError
+from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.launcher import EngineProcess, EngineStartError
 from engine_adapter.provenance import kinds_for_step
-from engine_adapter.supervise import group_members
+from engine_adapter.engine.supervise import group_members
 from tests.conftest import tiny_config
 from tests.test_engine_tiny import PROMPTS, check_invariants, run
 
@@ -106,7 +106,7 @@ def test_engine_dies_with_a_killed_app(tiny, tmp_path):
         import sys, time
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
-        from engine_adapter.launcher import EngineProcess
+        from engine_adapter.engine.launcher import EngineProcess
         from tests.conftest import tiny_config
         from tests.support.tiny_models import TinyFamily
         fam = TinyFamily(*(Path(p) for p in {[str(tiny.target), str(tiny.same), str(tiny.random), str(tiny.perturbed)]!r}))

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from engine_adapter.cost_model import CostModel
-from engine_adapter.engine import LiveEngine
+from engine_adapter.policy.cost_model import CostModel
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import k_for_batch_size
-from engine_adapter.load import BackgroundLoad
-from engine_adapter.k_policy import RECENT_PEAK_S
+from engine_adapter.service.load import BackgroundLoad
+from engine_adapter.policy.k_policy import RECENT_PEAK_S
 from tests.conftest import tiny_config
 from tests.test_engine_tiny import PROMPTS, check_invariants, run
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter.load_share import SessionLoads, fair_shares
+from engine_adapter.service.fair_share import SessionLoads, fair_shares
 
 
 @pytest.mark.parametrize("asks, cap, expected", [

@@ -1,4 +1,4 @@
-"""Tests for engine_adapter.models: spec resolution, packaged assembly, cache safety."""
+"""Tests for engine_adapter.engine.models: spec resolution, packaged assembly, cache safety."""
 from __future__ import annotations
 
 import functools
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter import models
-from engine_adapter.models import (MARKER, ModelResolutionError, PackagedModel, ensure_packaged,
+from engine_adapter.engine import models
+from engine_adapter.engine.models import (MARKER, ModelResolutionError, PackagedModel, ensure_packaged,
                                    locate_parts, model_pair_shares_tokenizer, resolve_model)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter.engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
 from tests.test_engine_tiny import check_invariants, run
 

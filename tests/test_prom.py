@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter.prom import parse_metrics
+from engine_adapter.engine.prometheus import parse_metrics
 
 LABELS = 'engine="0",model_name="target"'
 

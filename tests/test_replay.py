@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from gradio_client import Client
 
-from engine_adapter.load import LoadStats
+from engine_adapter.service.load import LoadStats
 from engine_adapter.provenance import kinds_for_step
 from engine_adapter.records import EngineStep, RequestResult, Step, Token
-from engine_adapter.replay import ReplayService
-from engine_adapter.service import ServiceStatus
-from engine_adapter.session_recorder import SessionRecorder
-from engine_adapter.session_trace import (
+from engine_adapter.service.replay_service import ReplayService
+from engine_adapter.service.engine_service import ServiceStatus
+from engine_adapter.trace.session_recorder import SessionRecorder
+from engine_adapter.trace.format import (
     SessionTraceWriter,
     engine_step_line,
     load_line,
@@ -30,7 +30,7 @@ from engine_adapter.session_trace import (
 )
 from explorer.chart_export import chart_csv, live_chart_frame
 from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
-from engine_adapter.supervise import session_members
+from engine_adapter.engine.supervise import session_members
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT / "traces"
@@ -133,7 +133,7 @@ def test_reader_copes_with_a_cut_last_line(tmp_path):
 
 def test_a_recorder_trace_replays_its_requests(tmp_path):
     """A trace from `python -m engine_adapter.record` (engine-host clock, no timeline) plays too."""
-    from engine_adapter.record import request_line
+    from engine_adapter.trace.format import request_line
 
     path = tmp_path / "rec.jsonl"
     lines = [{"type": "run", "method": "draft", "k": 3}, request_line(request(5000.0)),

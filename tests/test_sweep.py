@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.policy_control import PolicySpec
+from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.sweep import (COLUMNS, EXTRA_COLUMNS, Policy, Run, acceptance_per_text, k_needed,
                                   parse_policy, row_from_runs, window_rate)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter.token_text import IncrementalText, draft_text, load_tokenizer
+from engine_adapter.engine.token_text import IncrementalText, draft_text, load_tokenizer
 from tests.support.tiny_models import _train_tokenizer
 
 

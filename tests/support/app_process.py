@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 from gradio_client import Client
 
-from engine_adapter.launcher import free_port
+from engine_adapter.engine.launcher import free_port
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 

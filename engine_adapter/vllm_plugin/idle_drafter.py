@@ -7,7 +7,7 @@ model's cost back; on this CPU it cost 25-30 % against no speculation). This
 module trades that readiness for the cost:
 
 - the worker (``IdleDrafterWorker``, loaded inside vLLM's worker process with
-  ``--worker-cls engine_adapter.idle_drafter.IdleDrafterWorker``) skips the
+  ``--worker-cls engine_adapter.vllm_plugin.idle_drafter.IdleDrafterWorker``) skips the
   drafter's forward pass whenever the step asks for 0 draft tokens, returning
   the same empty ``(batch, 0)`` proposal vLLM returns after that pass;
 - the requests of such a step are then out of step with the drafter (its KV

@@ -1,7 +1,7 @@
 """Run a command so that it can never outlive the process that started it.
 
 Usage (by the launcher, never by hand):
-    python -m engine_adapter.supervise [--exit-file PATH] -- CMD ARGS...
+    python -m engine_adapter.engine.supervise [--exit-file PATH] -- CMD ARGS...
 
 The launcher starts this in a new session (its own process group) with a pipe
 on stdin. We start CMD in the same group and wait. If the pipe closes (the app
@@ -71,7 +71,7 @@ def _live_with(field: int, value: int) -> list[int]:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv:
-        print("usage: python -m engine_adapter.supervise -- CMD ...", file=sys.stderr)
+        print("usage: python -m engine_adapter.engine.supervise -- CMD ...", file=sys.stderr)
         return 2
     cmd = argv[argv.index("--") + 1 :]
     opts = argv[: argv.index("--")]
@@ -99,7 +99,7 @@ def main(argv: list[str]) -> int:
         stop.wait(0.2)
     code = child.poll()
     if code is not None and code < 0:  # say it in the log; exit 128+S like a shell, for the watchdog
-        print(f"engine_adapter.supervise: the vLLM server (pid {child.pid}) was killed by signal {-code}",
+        print(f"engine_adapter.engine.supervise: the vLLM server (pid {child.pid}) was killed by signal {-code}",
               file=sys.stderr, flush=True)
         code = 128 - code
     if exit_file and code is not None and not stop.is_set():  # it died by itself: tell the watchdog now,

@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from engine_adapter.cost_model import CostModel
-from engine_adapter.engine_config import KTable, validate_k_table
-from engine_adapter.k_policy import AutoTable, derive_auto_table
+from engine_adapter.policy.cost_model import CostModel
+from engine_adapter.engine_config import KTable, check_table
+from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 
 PolicyKind = Literal["off", "fixed", "table", "auto", "auction"]
 POLICY_KINDS: tuple[PolicyKind, ...] = ("off", "fixed", "table", "auto", "auction")
@@ -46,16 +46,6 @@ class PolicySpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "k": self.k, "table": [list(r) for r in self.table] if self.table else None}
-
-
-def check_table(table: Any, k_max: int) -> KTable:
-    """vLLM's table rules plus this engine's cap: a K above ``k_max`` is refused, not silently capped."""
-    rows = validate_k_table(table)
-    over = [r for r in rows if r[2] > k_max]
-    if over:
-        raise ValueError(f"row {list(over[0])}: K is above this engine's num_speculative_tokens "
-                         f"({k_max}); vLLM would cap it, so say what you mean")
-    return rows
 
 
 @dataclass(frozen=True)

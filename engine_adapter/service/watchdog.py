@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 if TYPE_CHECKING:  # no import cycle at run time
-    from engine_adapter.engine import LiveEngine
+    from engine_adapter.engine.live_engine import LiveEngine
 
 
 @dataclass
@@ -99,7 +99,7 @@ def _signal_name(n: int) -> str:
 def describe_exit(returncode: int) -> str:
     """Words for the engine supervisor's exit status.
 
-    The supervisor (engine_adapter.supervise) exits with 128+S when vLLM was
+    The supervisor (engine_adapter.engine.supervise) exits with 128+S when vLLM was
     killed by signal S, like a shell; a negative code means the supervisor
     itself was killed by that signal.
     """
@@ -199,8 +199,8 @@ async def watch_engine(
 class EngineGuard:
     """Watches the service's engine and brings it back after a fault.
 
-    Uses the service's private parts on purpose (status, ``_restart``): it is
-    the service's own recovery, kept in a module of its own.
+    Drives the service through its narrow recovery API only: ``status()``,
+    ``report_fault(...)`` and ``relaunch(expect_generation)``.
     """
 
     def __init__(self, service: Any, settings: WatchdogSettings | None = None) -> None:
@@ -241,8 +241,8 @@ class EngineGuard:
         cause = f"{message} (at {stamp}{where})"
         self._sync()
         attempt, delay = self.backoff.next(time.monotonic())
-        svc._set(state="restarting", fault=cause,  # the page says so at its next tick
-                 error=f"{cause}; restarting in {math.ceil(delay)} s (attempt {attempt})")
+        svc.report_fault(state="restarting", fault=cause,  # the page says so at its next tick
+                         error=f"{cause}; restarting in {math.ceil(delay)} s (attempt {attempt})")
         # requests first (their streams would end with a vaguer "connection closed"), then the process:
         engine.client.fail_all(f"{message}; the engine is restarting")
         if hung:  # a hung group ignores SIGTERM: end it now
@@ -251,27 +251,27 @@ class EngineGuard:
 
     async def _recover(self, cause: str, generation: int, attempt: int, delay: float) -> None:
         svc = self.service
-        config, attach = svc._launch
         first = cause
         while True:
             if attempt > self.settings.max_attempts:
-                svc._set(state="failed", error=f"{cause}; gave up after {attempt - 1} restart attempts")
+                svc.report_fault(state="failed", error=f"{cause}; gave up after {attempt - 1} restart attempts")
                 return
             deadline = time.monotonic() + delay
             while (left := deadline - time.monotonic()) > 0:
                 if svc.status().generation != generation:
                     return  # a user's restart or stop took over
-                svc._set(state="restarting", error=f"{cause}; restarting in {math.ceil(left)} s (attempt {attempt})")
+                svc.report_fault(state="restarting",
+                                 error=f"{cause}; restarting in {math.ceil(left)} s (attempt {attempt})")
                 await asyncio.sleep(min(1.0, left))
             if svc.status().generation != generation:
                 return
-            await svc._restart(config, attach, expect_generation=generation)
+            await svc.relaunch(expect_generation=generation)
             st = svc.status()
             if st.state != "failed" or st.generation != generation + 1:
                 return  # ready (a new watch runs), or someone else's restart
             generation = st.generation
             cause = f"{first}; restart attempt {attempt} failed: {st.error}"
-            svc._set(fault=cause)
+            svc.report_fault(fault=cause)
             self._sync()
             attempt, delay = self.backoff.next(time.monotonic())
 

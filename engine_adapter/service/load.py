@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine_adapter.client import EngineClient
+from engine_adapter.engine.client import EngineClient
 from engine_adapter.records import RequestResult
 
 

@@ -1,7 +1,7 @@
-"""Replay a recorded session (``session_trace.py``) in place of a live engine.
+"""Replay a recorded session (``trace/format.py``) in place of a live engine.
 
-Contract: ``ReplayService(path, speed=1.0)`` has the public methods of
-``EngineService`` that the explorer uses, and plays the trace's clock at
+Contract: ``ReplayService(path, speed=1.0)`` is a ``Backend`` (``service/backend.py``,
+``capabilities = REPLAY``) and plays the trace's clock at
 ``speed`` times real time from the moment it is made, looping at the end:
 
 - ``steps_since(t)``: the recorded engine steps of the last ``now - t``
@@ -16,8 +16,9 @@ Contract: ``ReplayService(path, speed=1.0)`` has the public methods of
 - ``start()``/``attach()``/``restart()``/``set_background()`` change nothing
   and leave a note in ``replay_info``; ``stream(reference=True)`` raises (no
   engine for a lossless check); ``prom_history()`` is empty.
-- ``replay_info``: the capability a UI checks (``None`` on a live service):
-  file, recorded config, speed, position and length, loop count, last note.
+- ``replay_info``: where the replay stands (``None`` on a live service):
+  file, recorded config, speed, position and length, loop count, last note;
+  ``recorded_requests()``: the recorded foreground requests, in order.
 
 No engine, no tokenizer, no network: everything comes from the file.
 """
@@ -30,36 +31,18 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.load import LoadStats
+from engine_adapter.service.load import LoadStats
 from engine_adapter.records import EngineStep, RequestResult, Step
-from engine_adapter.service import BackgroundShare, ServiceStatus
-from engine_adapter.session_trace import SessionTrace, read_session
+from engine_adapter.service.backend import REPLAY, BackgroundShare, ReplayInfo, ServiceStatus
+from engine_adapter.trace.format import SessionTrace, read_session
 
 HISTORY_S = 600.0  # how far back steps_since / load_changes look, in recorded seconds
 NOTE_S = 15.0  # how long a refusal note stays in replay_info
-
-
-@dataclass(frozen=True)
-class ReplayInfo:
-    path: str
-    speed: float
-    duration_s: float
-    position_s: float  # recorded seconds into the trace
-    loop: int  # 0 on the first pass
-    header: dict[str, Any]
-    num_steps: int
-    num_requests: int
-    load: int  # recorded background load at the position
-    note: str | None  # why the last control did nothing, for a while
-
-    @property
-    def name(self) -> str:
-        return Path(self.path).name
 
 
 def _config_from_header(header: dict[str, Any]) -> EngineConfig | None:
@@ -80,6 +63,10 @@ def _config_from_header(header: dict[str, Any]) -> EngineConfig | None:
 
 
 class ReplayService:
+    """The replay ``Backend``: a recorded session's clock, steps, load and requests."""
+
+    capabilities = REPLAY
+
     def __init__(self, path: str | Path, *, speed: float = 1.0, loop: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not speed > 0:
@@ -235,7 +222,7 @@ class ReplayService:
 
     def policy_view(self):
         """What a policy panel shows: nothing can be applied to a recording."""
-        from engine_adapter.policy_desk import PolicyView  # the live-policy side, only when asked
+        from engine_adapter.policy.live_state import PolicyView  # the live-policy side, only when asked
 
         cfg = self._config
         k_max = (cfg.k_max or cfg.k) if cfg is not None else 0
@@ -259,6 +246,9 @@ class ReplayService:
                 if reqs[i].prompt.strip() == want:
                     return i
         return None
+
+    def recorded_requests(self) -> list[RequestResult]:
+        return list(self.trace.requests)
 
     def replay_prompt(self, prompt: str) -> str:
         """The recorded prompt Run will play for ``prompt`` (itself if recorded)."""

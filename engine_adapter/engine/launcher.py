@@ -3,11 +3,11 @@
 Contract:
 - ``EngineProcess(config).start(progress)`` resolves the models, starts vLLM's
   server as a child on 127.0.0.1 (a free port unless one is given) under
-  ``engine_adapter.supervise`` in its own process group, reports start-up
+  ``engine_adapter.engine.supervise`` in its own process group, reports start-up
   progress as ``StartProgress`` records, and returns once ``/health`` answers.
   Failure raises ``EngineStartError`` with a message naming the cause (bad
   model path, port taken, out of memory, ...) and leaves no process behind.
-  Memory and disk are checked first (``engine_adapter.resources``): a machine
+  Memory and disk are checked first (``engine_adapter.engine.resources``): a machine
   too small for the models is told so before anything is started.
 - ``stop()`` ends the whole process group (API server, engine core, worker).
   If the app dies, the supervisor sees its stdin pipe close and does the same.
@@ -31,10 +31,11 @@ from pathlib import Path
 
 import httpx
 
-from engine_adapter.engine_config import EngineConfig, server_args
-from engine_adapter.resources import NotEnoughResources, check_resources
-from engine_adapter.supervise import group_members
-from engine_adapter.tap_wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV
+from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine.server_args import server_args
+from engine_adapter.engine.resources import NotEnoughResources, check_resources
+from engine_adapter.engine.supervise import group_members
+from engine_adapter.vllm_plugin.wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 
 class EngineStartError(RuntimeError):
@@ -106,7 +107,7 @@ def engine_env(config: EngineConfig, tap_addr: str | None, control_addr: str | N
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     if config.reserved_cpus is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.reserved_cpus)
-    # the engine core must import engine_adapter.scheduler_tap
+    # the engine core must import engine_adapter.vllm_plugin.schedulers
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.pop(TAP_ADDR_ENV, None)
@@ -187,7 +188,7 @@ class EngineProcess:
 
     def _resolve_models(self, report: ProgressFn) -> None:
         if self._resolve is None:
-            from engine_adapter.models import resolve_model
+            from engine_adapter.engine.models import resolve_model
 
             def resolve(spec: str) -> Path:
                 return resolve_model(
@@ -224,7 +225,7 @@ class EngineProcess:
         args = server_args(
             self.config, str(self.target_dir), str(self.draft_dir) if self.draft_dir else None, self.port
         )
-        cmd = [sys.executable, "-m", "engine_adapter.supervise", "--exit-file", str(self._exit_file), "--",
+        cmd = [sys.executable, "-m", "engine_adapter.engine.supervise", "--exit-file", str(self._exit_file), "--",
                sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
         self._log = open(self.log_path, "wb")
         report(StartProgress("spawn", 0.3, "starting vLLM"))

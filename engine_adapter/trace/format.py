@@ -40,7 +40,6 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine_adapter.record import request_line
 from engine_adapter.records import EngineStep, RequestResult, Step, Token
 
 _ROUND = {"t": 4, "wall_s": 5, "interval_s": 5, "tap_s": 6}
@@ -48,6 +47,41 @@ _ROUND = {"t": 4, "wall_s": 5, "interval_s": 5, "tap_s": 6}
 
 def _r(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else round(float(x), digits)
+
+
+def step_line(step: Step) -> dict[str, Any]:
+    """The recorder's per-step object (docs/trace-format.md)."""
+    return {
+        "drafted": step.drafted,
+        "num_drafted": step.num_drafted,
+        "accepted": step.accepted,
+        "emitted": step.emitted,
+        "batch_size": step.batch_size,
+        "k": step.k,
+        "t": step.t,
+        "wall_s": step.wall_s,
+        "drafter_idle": step.drafter_idle,
+    }
+
+
+def request_line(result: RequestResult) -> dict[str, Any]:
+    return {
+        "type": "request",
+        "request_id": result.request_id,
+        "prompt": result.prompt,
+        "text": result.text,
+        "token_ids": result.token_ids,
+        "kinds": result.kinds,
+        "steps": [step_line(s) for s in result.steps],
+        "spec_decode_metrics": result.spec_decode_metrics,
+        "tokens_per_second": result.tokens_per_second,
+        "provenance": result.provenance,
+        "finish_reason": result.finish_reason,
+        "num_prompt_tokens": result.num_prompt_tokens,
+        "ttft_s": (result.t_first_token - result.t_start) if result.t_first_token else None,
+        "wall_s": result.t_end - result.t_start,
+    }
+
 
 
 def session_header(

@@ -32,14 +32,14 @@ import httpx
 import zmq
 from transformers import PreTrainedTokenizerBase
 
-from engine_adapter.cost_model import CostModel
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.engine_config import KTable, validate_k_table
 
 from engine_adapter.provenance import kinds_for_step, metrics_from_steps, steps_from_counts
 from engine_adapter.records import RequestResult, Step, Token
-from engine_adapter.tap_client import TapReceiver
-from engine_adapter.tap_wire import encode_control
-from engine_adapter.token_text import IncrementalText, draft_text
+from engine_adapter.engine.tap_receiver import TapReceiver
+from engine_adapter.vllm_plugin.wire import encode_control
+from engine_adapter.engine.token_text import IncrementalText, draft_text
 
 TAP_GRACE_S = 5.0  # how long to wait for the tap's last step after the HTTP stream ends
 
@@ -149,7 +149,7 @@ class EngineClient:
                 await asyncio.sleep(0.05)
         raise RequestError(
             f"the scheduler tap sent nothing to {self.tap.addr} within {timeout_s:.0f} s: "
-            "was the engine started with the tap (--scheduler-cls engine_adapter.scheduler_tap...)?"
+            "was the engine started with the tap (--scheduler-cls engine_adapter.vllm_plugin.schedulers...)?"
         )
 
     @property

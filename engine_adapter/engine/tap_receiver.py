@@ -19,9 +19,9 @@ import contextlib
 import zmq
 import zmq.asyncio
 
-from engine_adapter.provenance import position_counts
+from engine_adapter.acceptance import position_counts
 from engine_adapter.records import EngineStep, SlotBid
-from engine_adapter.tap_wire import TapRequestStep, TapStep, decode_step
+from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep, decode_step
 
 
 def our_request_id(engine_request_id: str) -> str:

@@ -1,6 +1,6 @@
-"""The engine service's K-policy desk: cost model, live policy, auto re-derivation.
+"""The engine service's live K-policy state: cost model, live policy, auto re-derivation.
 
-Contract: an ``EngineService`` owns one ``PolicyDesk`` and calls, on its own
+Contract: an ``EngineService`` owns one ``LivePolicy`` and calls, on its own
 event loop, ``engine_ready(engine, config)`` after every (re)start and
 ``engine_gone()`` before every stop. Callers (through the service) use
 ``apply(spec)``, ``profile()`` and ``view()``:
@@ -26,12 +26,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine_adapter.cost_model import CostModel
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.k_policy import PositionCounts
-from engine_adapter.policy_control import PolicyController, PolicySpec, PolicyState
-from engine_adapter.profile import config_cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.acceptance import PositionCounts
+from engine_adapter.policy.controller import PolicyController, PolicySpec, PolicyState
+from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
+from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.records import EngineStep
+
+
+MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,12 @@ class PolicyView:
     applied_seq: int | None  # first engine step that ran under the policy (tap acknowledgement)
     k_max: int
     alphas: list[float]
+    # what "auto" would choose from the same measurements while another policy is in force
+    # (None under auto: ``state.auto`` is the table in force)
+    auto_preview: AutoTable | None = None
 
 
-class PolicyDesk:
+class LivePolicy:
     def __init__(
         self,
         steps_since: Callable[[float], list[EngineStep]],
@@ -74,6 +81,7 @@ class PolicyDesk:
         self._error: str | None = None
         self._pending: PolicySpec | None = None
         self._tasks: list[asyncio.Task] = []
+        self._preview: tuple[tuple, AutoTable] | None = None  # (inputs, table) of the last preview
 
     # --- lifecycle (service loop) ------------------------------------------
     async def engine_ready(self, engine, config: EngineConfig | None) -> None:
@@ -190,9 +198,20 @@ class PolicyDesk:
                 if s.controls >= state.control:
                     applied = s.seq
                     break
+        alphas = self.alphas() if ctl else []
         return PolicyView(
             available=ctl is not None, why_not=self._why_not, state=state,
             cost=ctl.cost if ctl else None, cost_source=self._cost_source, profiling=self._profiling,
             error=self._error, applied_seq=applied, k_max=ctl.k_max if ctl else 0,
-            alphas=self.alphas() if ctl else [],
+            alphas=alphas, auto_preview=self._auto_preview(ctl, alphas),
         )
+
+    def _auto_preview(self, ctl: PolicyController | None, alphas: list[float]) -> AutoTable | None:
+        """The auto table the same measurements give, derived once per change of its inputs
+        (every page's timer asks for the view each second)."""
+        if ctl is None or ctl.cost is None or not alphas or (ctl.state is not None and ctl.state.auto is not None):
+            return None
+        key = (id(ctl.cost), tuple(round(a, 4) for a in alphas), ctl.k_max, ctl.max_batch)
+        if self._preview is None or self._preview[0] != key:
+            self._preview = (key, derive_auto_table(ctl.cost, alphas, ctl.k_max, min(ctl.max_batch, MAX_PREVIEW_BATCH)))
+        return self._preview[1]

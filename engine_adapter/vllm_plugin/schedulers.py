@@ -1,7 +1,7 @@
 """Scheduler tap: vLLM v1 scheduler subclasses that publish every engine step.
 
 Loaded inside vLLM's engine-core process with
-``--scheduler-cls engine_adapter.scheduler_tap.TapScheduler`` (or
+``--scheduler-cls engine_adapter.vllm_plugin.schedulers.TapScheduler`` (or
 ``TapAsyncScheduler`` when vLLM runs async scheduling). As an observer the tap
 leaves vLLM's behaviour alone:
 
@@ -39,16 +39,10 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-from engine_adapter.cost_model import CostModel
-from engine_adapter.k_policy import (
-    RECENT_PEAK_S,
-    RECENT_PEAK_STEPS,
-    SlotEstimator,
-    auction,
-    best_ceiling,
-    idle_drafter_k,
-)
-from engine_adapter.tap_wire import (
+from engine_adapter.policy.cost_model import CostModel
+from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS, auction, best_ceiling, idle_drafter_k
+from engine_adapter.acceptance import SlotEstimator
+from engine_adapter.vllm_plugin.wire import (
     CONTROL_ADDR_ENV,
     IDLE_DRAFTER_WORKER,
     TAP_ADDR_ENV,

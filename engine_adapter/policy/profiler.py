@@ -27,8 +27,8 @@ import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from engine_adapter.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
-from engine_adapter.models import default_cache_dir
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
+from engine_adapter.engine.models import default_cache_dir
 from engine_adapter.records import EngineStep
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -80,7 +80,7 @@ def save_cached(path: Path, model: CostModel) -> None:
 
 
 async def profile_engine(
-    client,  # engine_adapter.client.EngineClient with live policies
+    client,  # engine_adapter.engine.client.EngineClient with live policies
     prompts: Sequence[str],
     k_max: int,
     drafter_runs_model: bool,

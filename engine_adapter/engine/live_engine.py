@@ -3,7 +3,7 @@
 Contract:
     engine = await LiveEngine.launch(EngineConfig(...), progress=print)
     engine = await LiveEngine.attach("http://127.0.0.1:8000", tokenizer_dir=None)
-    engine.client.generate(...)      # see engine_adapter.client
+    engine.client.generate(...)      # see engine_adapter.engine.client
     await engine.close()             # stops the process if we started it
 
 ``launch`` runs the blocking start-up in a worker thread so an event loop (the
@@ -19,10 +19,10 @@ from typing import Any
 
 import httpx
 
-from engine_adapter.client import EngineClient
+from engine_adapter.engine.client import EngineClient
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.launcher import EngineProcess, EngineStartError, ProgressFn
-from engine_adapter.token_text import load_tokenizer
+from engine_adapter.engine.launcher import EngineProcess, EngineStartError, ProgressFn
+from engine_adapter.engine.token_text import load_tokenizer
 
 
 @dataclass
@@ -78,7 +78,7 @@ class LiveEngine:
             model = r.json()["data"][0]
         source = tokenizer_dir or model.get("root") or model["id"]
         if not Path(str(source)).is_dir():
-            from engine_adapter.models import resolve_model
+            from engine_adapter.engine.models import resolve_model
 
             source = await asyncio.to_thread(resolve_model, str(source))
         tokenizer = await asyncio.to_thread(load_tokenizer, source)

@@ -12,7 +12,7 @@ Contract:
   processes, against ``MemAvailable`` in /proc/meminfo.
 - Disk: when a packaged model (``packaged:...``, or a default hub id while the
   hub is off) still has to be assembled and converted, the cache directory
-  (``engine_adapter.models.default_cache_dir``) needs room for the bf16
+  (``engine_adapter.engine.models.default_cache_dir``) needs room for the bf16
   weights plus the largest GGUF, which lives there while it is converted.
 - A size that cannot be known without the network (a hub model not yet
   downloaded) is left out of the estimate, never guessed.
@@ -108,7 +108,7 @@ def weight_bytes(model_dir: Path) -> int:
 
 def _spec_size(spec: str, cache_dir: Path) -> tuple[int | None, object | None]:
     """(weight bytes or None if unknown, the PackagedModel still to build or None)."""
-    from engine_adapter import models
+    from engine_adapter.engine import models
 
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -126,7 +126,7 @@ def _spec_size(spec: str, cache_dir: Path) -> tuple[int | None, object | None]:
 
 def estimate(config: EngineConfig, target_dir: Path | None = None, draft_dir: Path | None = None,
              cache_dir: Path | None = None) -> Need:
-    from engine_adapter.models import default_cache_dir
+    from engine_adapter.engine.models import default_cache_dir
 
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
     need = Need(kv_gib=float(config.kv_cache_gib), cache_dir=cache)

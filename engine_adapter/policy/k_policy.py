@@ -29,16 +29,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
-from operator import mul
 
-from engine_adapter.cost_model import CostModel
-
-KTableRows = list[tuple[int, int, int]]
-
-
-def survival(alphas: Sequence[float]) -> list[float]:
-    """[prod_{j<=i} alpha_j for i = 1..len]: P(draft position i is accepted)."""
-    return list(accumulate((min(max(a, 0.0), 1.0) for a in alphas), mul))
+from engine_adapter.acceptance import survival
+from engine_adapter.engine_config import KTable
+from engine_adapter.policy.cost_model import CostModel
 
 
 def expected_tokens(alphas: Sequence[float], k: int) -> float:
@@ -50,7 +44,7 @@ def expected_tokens(alphas: Sequence[float], k: int) -> float:
 
 @dataclass(frozen=True)
 class AutoTable:
-    rows: KTableRows  # vLLM's [start_bs, end_bs, K], inclusive, first starts at 1
+    rows: KTable  # vLLM's [start_bs, end_bs, K], inclusive, first starts at 1
     k_by_batch: list[int]  # [max_batch], index b-1 -> chosen K
     # tokens/s per request for K = 0..k_max at each batch size: [max_batch][k_max + 1]
     rate: list[list[float]]
@@ -63,9 +57,9 @@ def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int
     return max(range(k_max + 1), key=lambda k: (rate[k], -k)), rate  # ties: the smaller K
 
 
-def rows_from_ks(k_by_batch: Sequence[int]) -> KTableRows:
+def rows_from_ks(k_by_batch: Sequence[int]) -> KTable:
     """Compress a per-batch-size K list into inclusive vLLM rows."""
-    rows: KTableRows = []
+    rows: KTable = []
     for b, k in enumerate(k_by_batch, 1):
         if rows and rows[-1][2] == k:
             rows[-1] = (rows[-1][0], b, k)
@@ -180,115 +174,3 @@ def best_ceiling(
     return max(range(k_max + 1), key=lambda k: (rates[k], -k)), rates
 
 
-@dataclass
-class SlotEstimator:
-    """Per-request acceptance per draft position, shrunk toward all requests',
-    and survival scores calibrated against what the verifier then kept.
-
-    alpha_{r,i} = (accepted_{r,i} + m * alpha_i) / (reached_{r,i} + m), where
-    alpha_i is the pooled estimate over every request (itself starting from
-    ``prior``) and m = ``strength`` pseudo-observations.
-
-    ``scores`` are the survival probabilities prod_{j<=i} alpha_{r,j}, each
-    scaled by its position's calibration c_i = (kept_i + n) / (predicted_i + n):
-    at every verify step, before counting it, the step's raw survival
-    probabilities are added to ``predicted`` and the drafts kept to ``kept``
-    (n = ``calibration_strength``). Why: a request's running estimate is
-    highest right after a run of accepted drafts, which is when deep positions
-    get admitted, so raw scores overpromise exactly where they decide
-    (measured, packaged pair, c=1 code: 5.7 tokens per step promised at K=5,
-    4.4-4.7 kept). The calibration measures that optimism and takes it out.
-    """
-
-    k_max: int
-    prior: float = 0.5
-    strength: float = 2.0
-    calibration_strength: float = 5.0
-    pooled_reached: list[int] = field(default_factory=list)
-    pooled_accepted: list[int] = field(default_factory=list)
-    per_request: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
-    predicted: list[float] = field(default_factory=list)  # sum of raw survival per position
-    kept: list[int] = field(default_factory=list)  # drafts kept per position, same steps
-
-    def __post_init__(self) -> None:
-        self.pooled_reached = [0] * self.k_max
-        self.pooled_accepted = [0] * self.k_max
-        self.predicted = [0.0] * self.k_max
-        self.kept = [0] * self.k_max
-
-    def observe(self, request_id: str, num_drafted: int, accepted: int) -> None:
-        """One verify step: positions 1..min(accepted+1, drafted) were tested."""
-        n = min(num_drafted, self.k_max)
-        for i, p in enumerate(survival(self.alphas(request_id)[:n])):  # the promise, before this step counts
-            self.predicted[i] += p
-            self.kept[i] += i < accepted
-        reached, acc = self.per_request.setdefault(request_id, ([0] * self.k_max, [0] * self.k_max))
-        for i in range(min(accepted + 1, n)):
-            reached[i] += 1
-            self.pooled_reached[i] += 1
-            if i < accepted:
-                acc[i] += 1
-                self.pooled_accepted[i] += 1
-
-    def forget(self, request_id: str) -> None:
-        self.per_request.pop(request_id, None)
-
-    def pooled_alphas(self) -> list[float]:
-        m = self.strength
-        return [(a + m * self.prior) / (r + m) for a, r in zip(self.pooled_accepted, self.pooled_reached)]
-
-    def alphas(self, request_id: str) -> list[float]:
-        pooled = self.pooled_alphas()
-        if request_id not in self.per_request:
-            return pooled
-        reached, acc = self.per_request[request_id]
-        m = self.strength
-        return [(a + m * p) / (r + m) for a, r, p in zip(acc, reached, pooled)]
-
-    def calibration(self) -> list[float]:
-        """Kept over promised per position (1.0 before any evidence)."""
-        n = self.calibration_strength
-        return [(k + n) / (p + n) for k, p in zip(self.kept, self.predicted)]
-
-    def scores(self, request_id: str, k: int) -> list[float]:
-        out: list[float] = []
-        prev = 1.0
-        for s, c in zip(survival(self.alphas(request_id)[:k]), self.calibration()):
-            prev = min(s * c, prev)  # a survival probability: at most 1, never rising with depth
-            out.append(prev)
-        return out
-
-
-def alphas_from_counts(
-    accepted: Sequence[int], reached: Sequence[int], prior: float = 0.5, strength: float = 2.0
-) -> list[float]:
-    """Per-position acceptance from pooled counts, each shrunk toward the position before.
-
-    A position never tested (K was lower) inherits its predecessor's estimate
-    rather than a made-up number; position 1 shrinks toward ``prior``.
-    """
-    out: list[float] = []
-    prev = prior
-    for a, r in zip(accepted, reached):
-        prev = (a + strength * prev) / (r + strength)
-        out.append(prev)
-    return out
-
-
-class PositionCounts:
-    """Acceptance per draft position pooled over engine steps (``EngineStep.accepted_per_pos``
-    and ``reached_per_pos``); positions beyond ``k`` are ignored."""
-
-    def __init__(self, k: int) -> None:
-        self.accepted = [0] * k
-        self.reached = [0] * k
-
-    def add(self, steps) -> None:
-        for s in steps:
-            for i, (a, r) in enumerate(zip(s.accepted_per_pos, s.reached_per_pos)):
-                if i < len(self.accepted):
-                    self.accepted[i] += a
-                    self.reached[i] += r
-
-    def alphas(self) -> list[float]:
-        return alphas_from_counts(self.accepted, self.reached)

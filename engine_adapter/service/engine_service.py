@@ -25,50 +25,28 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
 import httpx
 
-from engine_adapter.engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.launcher import StartProgress
-from engine_adapter.load import BackgroundLoad, LoadStats
-from engine_adapter.load_share import SessionLoads
-from engine_adapter.policy_control import PolicySpec, PolicyState
-from engine_adapter.policy_desk import PolicyDesk, PolicyView
-from engine_adapter.prom import PromSnapshot, fetch_snapshot
+from engine_adapter.engine.launcher import StartProgress
+from engine_adapter.service.load import BackgroundLoad, LoadStats
+from engine_adapter.service.fair_share import SessionLoads
+from engine_adapter.policy.controller import PolicySpec, PolicyState
+from engine_adapter.policy.live_state import LivePolicy, PolicyView
+from engine_adapter.engine.prometheus import PromSnapshot, fetch_snapshot
 from engine_adapter.records import EngineStep, RequestResult, Step
-from engine_adapter.watchdog import EngineGuard
-
-# "restarting": the engine died or hung; the watchdog restarts it after a back-off (status.error says why)
-State = Literal["idle", "starting", "ready", "failed", "restarting", "stopped"]
-
-
-@dataclass(frozen=True)
-class BackgroundShare:
-    """One session's part of the shared background load."""
-
-    asked: int
-    granted: int
-    total: int  # granted to all sessions (= requests the load keeps in flight)
-    sessions: int  # sessions asking for load
-    cap: int
-
-
-@dataclass(frozen=True)
-class ServiceStatus:
-    state: State
-    progress: StartProgress | None
-    error: str | None
-    config: EngineConfig | None
-    url: str | None
-    attached: bool
-    generation: int  # bumps at every (re)start, so a UI can tell engines apart
-    fault: str | None = None  # the engine fault being recovered from (a user's restart clears it)
-
+from engine_adapter.service.backend import LIVE, BackgroundShare, ReplayInfo, ServiceStatus, State
+from engine_adapter.service.watchdog import EngineGuard
 
 class EngineService:
+    """The live ``Backend``: one vLLM engine (launched or attached), restartable, with load."""
+
+    capabilities = LIVE
+
     def __init__(
         self,
         *,
@@ -107,7 +85,7 @@ class EngineService:
         self._prom_task: asyncio.Task | None = None
         self._janitor_task: asyncio.Task | None = None
         # live K policies and the measured cost model (engines started with k_max)
-        self.policy_desk = PolicyDesk(self.steps_since, self._bg_prompts, **(policy_options or {}))
+        self.live_policy = LivePolicy(self.steps_since, self._bg_prompts, **(policy_options or {}))
         self._submit(self._start_prom())
 
     # --- plumbing -----------------------------------------------------------
@@ -123,6 +101,22 @@ class EngineService:
 
     def _set(self, **kw: Any) -> None:
         self._status = replace(self._status, **kw)
+
+    # --- for the watchdog (the service's own recovery, service/watchdog.py) --
+    def report_fault(self, *, state: State | None = None, error: str | None = None,
+                     fault: str | None = None) -> None:
+        """Show an engine fault in ``status()``: the state, the message, the fault being recovered from."""
+        kw: dict[str, Any] = {"error": error} if error is not None else {}
+        if state is not None:
+            kw["state"] = state
+        if fault is not None:
+            kw["fault"] = fault
+        self._set(**kw)
+
+    async def relaunch(self, expect_generation: int) -> None:
+        """Start the last engine again, as it was started, unless a user's (re)start came first."""
+        config, attach = self._launch
+        await self._restart(config, attach, expect_generation=expect_generation)
 
     # --- lifecycle ----------------------------------------------------------
     def start(self, config: EngineConfig) -> Future:
@@ -162,8 +156,9 @@ class EngineService:
             if engine.client.tap is not None:
                 self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
             self._tasks.append(self.guard.watch(engine, gen))
-            await self.policy_desk.engine_ready(engine, None if attach is not None else config)
-            self._set(state="ready", url=engine.url, progress=StartProgress("ready", 1.0, "engine ready"))
+            await self.live_policy.engine_ready(engine, None if attach is not None else config)
+            self._set(state="ready", url=engine.url, progress=StartProgress("ready", 1.0, "engine ready"),
+                      vllm_version=engine.vllm_version)
             await self._apply_bg()  # the sessions' load survives a restart
 
     async def _teardown(self, reference: bool = True) -> None:
@@ -173,7 +168,7 @@ class EngineService:
         if reference and self._reference is not None:
             ref, self._reference = self._reference, None
             await ref.close()
-        await self.policy_desk.engine_gone()
+        await self.live_policy.engine_gone()
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
@@ -237,17 +232,17 @@ class EngineService:
     # --- K policies ---------------------------------------------------------
     @property
     def policy_changes(self) -> collections.deque[tuple[float, dict]]:
-        return self.policy_desk.changes
+        return self.live_policy.changes
 
     async def set_policy(self, spec: PolicySpec) -> PolicyState | None:
         """Apply a K policy to the running engine, live (None: queued behind profiling)."""
-        return await self._call(self.policy_desk.apply(spec))
+        return await self._call(self.live_policy.apply(spec))
 
     async def profile_cost(self) -> None:
-        await self._call(self.policy_desk.profile())
+        await self._call(self.live_policy.profile())
 
     def policy_view(self) -> PolicyView:
-        return self.policy_desk.view()
+        return self.live_policy.view()
 
     # --- requests -----------------------------------------------------------
     async def _get_reference(self) -> LiveEngine:
@@ -362,6 +357,17 @@ class EngineService:
             await asyncio.sleep(5.0)
             if self._sessions.expire(time.monotonic()):
                 await self._apply_bg()
+
+    # --- replay (none: this is a live engine) ---------------------------------
+    @property
+    def replay_info(self) -> ReplayInfo | None:
+        return None
+
+    def replay_prompt(self, prompt: str) -> str:
+        return prompt
+
+    def recorded_requests(self) -> list[RequestResult]:
+        return []
 
     def background_stats(self) -> LoadStats | None:
         return self._bg.stats() if self._bg else None

@@ -43,9 +43,6 @@ TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 #   {"auction": {"cost": CostModel.to_dict(), "prior": p, "strength": m}}
 #                                             the slot auction (K = k_max, trimmed per request)
 CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"
-# vLLM's --worker-cls for a draft model that idles at K=0; the tap reads it from
-# vLLM's config to know that the requests of a K=0 step lost their drafter.
-IDLE_DRAFTER_WORKER = "engine_adapter.idle_drafter.IdleDrafterWorker"
 
 
 @dataclass(frozen=True, slots=True)

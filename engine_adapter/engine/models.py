@@ -18,7 +18,7 @@ Contract:
 - ``progress(stage, fraction)`` is called for "assemble", "convert", "done"; assembly also
   shows a tqdm bar on stderr.
 - ``model_pair_shares_tokenizer(target_dir, draft_dir)``: may this draft serve this target?
-- ``python -m engine_adapter.models [spec ...]`` resolves specs (default: both defaults) and
+- ``python -m engine_adapter.engine.models [spec ...]`` resolves specs (default: both defaults) and
   prints one directory per line, so an install script can pre-build the cache.
 """
 from __future__ import annotations
@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-DEFAULT_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
-DEFAULT_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401 (re-exported)
+
 
 Progress = Callable[[str, float], None]
 Converter = Callable[[Path, Path], None]  # (gguf_file, empty_out_dir) -> None
@@ -324,7 +324,7 @@ def model_pair_shares_tokenizer(target_dir: Path, draft_dir: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_adapter.models", description=(
+    parser = argparse.ArgumentParser(prog="python -m engine_adapter.engine.models", description=(
         "Resolve model specs to local directories (building the packaged cache if needed)."))
     parser.add_argument("specs", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT])
     parser.add_argument("--cache-dir", type=Path, default=None)

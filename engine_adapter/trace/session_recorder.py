@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.records import RequestResult
-from engine_adapter.session_trace import (
+from engine_adapter.trace.format import (
     SessionTraceWriter,
     background_line,
     engine_line,

@@ -1,0 +1,140 @@
+"""The one surface the explorer talks to: the ``Backend`` protocol and its records.
+
+Contract: a backend is a live engine service (``EngineService``) or a recorded
+session played back (``ReplayService``). Both implement every member below; what
+one of them cannot do is said by ``capabilities`` (a field, never probed with
+``getattr``) and, where a call makes no sense, by a ``RuntimeError`` whose message
+a person can act on. The explorer imports this module, ``records`` and pure helpers
+only; it never sees an engine, a client or vLLM.
+
+Units: times are ``time.monotonic()`` seconds on the app's host; rates in tokens
+per second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from engine_adapter.engine_config import EngineConfig
+from engine_adapter.records import EngineStep, RequestResult, Step
+
+if TYPE_CHECKING:  # types only: the explorer never imports the engine or the policy layer
+    from engine_adapter.engine.launcher import StartProgress
+    from engine_adapter.engine.prometheus import PromSnapshot
+    from engine_adapter.policy.controller import PolicySpec, PolicyState
+    from engine_adapter.policy.live_state import PolicyView
+    from engine_adapter.service.load import LoadStats
+
+# "restarting": the engine died or hung; the watchdog restarts it after a back-off (status.error says why)
+State = Literal["idle", "starting", "ready", "failed", "restarting", "stopped"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend can do; the page shows or hides its controls by these."""
+
+    kind: Literal["live", "replay"]
+    engine_control: bool  # restart with another config, attach, set K policies, profile
+    lossless_check: bool  # a speculation-off twin can run the same prompt
+    background_load: bool  # the load slider starts real requests
+
+
+LIVE = Capabilities("live", engine_control=True, lossless_check=True, background_load=True)
+REPLAY = Capabilities("replay", engine_control=False, lossless_check=False, background_load=False)
+
+
+@dataclass(frozen=True)
+class BackgroundShare:
+    """One session's part of the shared background load."""
+
+    asked: int
+    granted: int
+    total: int  # granted to all sessions (= requests the load keeps in flight)
+    sessions: int  # sessions asking for load
+    cap: int
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    state: State
+    progress: StartProgress | None
+    error: str | None
+    config: EngineConfig | None
+    url: str | None
+    attached: bool
+    generation: int  # bumps at every (re)start, so a UI can tell engines apart
+    fault: str | None = None  # the engine fault being recovered from (a user's restart clears it)
+    vllm_version: str | None = None  # the running engine's, once ready
+
+
+@dataclass(frozen=True)
+class ReplayInfo:
+    """Where a replay stands: what ``Backend.replay_info()`` gives on a replay."""
+
+    path: str
+    speed: float
+    duration_s: float
+    position_s: float  # recorded seconds into the trace
+    loop: int  # 0 on the first pass
+    header: dict[str, Any]
+    num_steps: int
+    num_requests: int
+    load: int  # recorded background load at the position
+    note: str | None  # why the last control did nothing, for a while
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).name
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the explorer may call; ``EngineService`` and ``ReplayService`` implement it."""
+
+    capabilities: Capabilities
+    max_background: int
+    on_result: list[Callable[[RequestResult], None]]  # each finished foreground request; must not block
+
+    # --- lifecycle
+    def status(self) -> ServiceStatus: ...
+    def start(self, config: EngineConfig) -> Future: ...
+    def attach(self, url: str, tokenizer_dir: str | None = None, k_hint: int = 0) -> Future: ...
+    async def restart(self, config: EngineConfig) -> None: ...
+    def close(self) -> None: ...
+
+    # --- requests
+    def stream(
+        self, prompt: str, *, max_tokens: int, temperature: float, reference: bool = False,
+        request_id: str | None = None,
+    ) -> AsyncIterator[Step | RequestResult]: ...
+
+    # --- history (server-wide, for the live charts)
+    def steps_since(self, t: float) -> list[EngineStep]: ...
+    def prom_history(self) -> Sequence[PromSnapshot]: ...
+    @property
+    def load_changes(self) -> Sequence[tuple[float, int]]: ...
+    @property
+    def policy_changes(self) -> Sequence[tuple[float, dict]]: ...
+
+    # --- background load, shared fairly between browser sessions
+    async def set_background(self, n: int, session: str = "default") -> int: ...
+    def release_background(self, session: str) -> None: ...
+    def touch_session(self, session: str) -> None: ...
+    def background_share(self, session: str) -> BackgroundShare: ...
+    def background_stats(self) -> LoadStats | None: ...
+    def background_tokens_per_second(self, window_s: float = 10.0) -> float: ...
+
+    # --- K policies
+    async def set_policy(self, spec: PolicySpec) -> PolicyState | None: ...
+    async def profile_cost(self) -> None: ...
+    def policy_view(self) -> PolicyView: ...
+
+    # --- replay (None / the prompt itself / [] on a live engine)
+    @property
+    def replay_info(self) -> ReplayInfo | None: ...
+    def replay_prompt(self, prompt: str) -> str: ...
+    def recorded_requests(self) -> list[RequestResult]: ...
