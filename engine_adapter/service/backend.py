@@ -5,7 +5,8 @@ session played back (``ReplayService``). Both implement every member below; what
 one of them cannot do is said by ``capabilities`` (a field, never probed with
 ``getattr``) and, where a call makes no sense, by a ``RuntimeError`` whose message
 a person can act on. The explorer imports this module, ``records`` and pure helpers
-only; it never sees an engine, a client or vLLM.
+only; it never sees an engine, a client or vLLM. ``PolicySpec`` (what a person asks
+the engine to run) is re-exported from the policy layer for the same reason.
 
 Units: times are ``time.monotonic()`` seconds on the app's host; rates in tokens
 per second.
@@ -20,14 +21,20 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from engine_adapter.engine_config import EngineConfig
+from engine_adapter.policy.controller import POLICY_KINDS, PolicyKind, PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
 
 if TYPE_CHECKING:  # types only: the explorer never imports the engine or the policy layer
     from engine_adapter.engine.launcher import StartProgress
     from engine_adapter.engine.prometheus import PromSnapshot
-    from engine_adapter.policy.controller import PolicySpec, PolicyState
+    from engine_adapter.policy.controller import PolicyState
     from engine_adapter.policy.live_state import PolicyView
     from engine_adapter.service.load import LoadStats
+
+__all__ = [
+    "LIVE", "POLICY_KINDS", "REPLAY", "Backend", "BackgroundShare", "Capabilities", "PolicyKind", "PolicySpec",
+    "ReplayInfo", "ServiceStatus", "State",
+]
 
 # "restarting": the engine died or hung; the watchdog restarts it after a back-off (status.error says why)
 State = Literal["idle", "starting", "ready", "failed", "restarting", "stopped"]

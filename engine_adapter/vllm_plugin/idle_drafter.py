@@ -7,11 +7,11 @@ model's cost back; on this CPU it cost 25-30 % against no speculation). This
 module trades that readiness for the cost:
 
 - the worker (``IdleDrafterWorker``, loaded inside vLLM's worker process with
-  ``--worker-cls engine_adapter.vllm_plugin.idle_drafter.IdleDrafterWorker``) skips the
+  ``--worker-cls`` ``paths.IDLE_DRAFTER_WORKER``) skips the
   drafter's forward pass whenever the step asks for 0 draft tokens, returning
   the same empty ``(batch, 0)`` proposal vLLM returns after that pass;
 - the requests of such a step are then out of step with the drafter (its KV
-  cache misses their tokens), so the scheduler tap (``scheduler_tap.py``)
+  cache misses their tokens), so the plugin's policy hooks (``policy_hooks.py``)
   marks them and trims their drafts to nothing for the rest of their lives.
   Their drafts would be guesses from a cache with holes; the target still
   verifies every token, so output is unchanged either way (lossless), and not

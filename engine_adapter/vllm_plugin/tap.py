@@ -1,0 +1,183 @@
+"""The scheduler tap's observing half: publish every engine step, change nothing.
+
+Contract: ``TapMixin`` goes before a vLLM v1 scheduler class (see ``schedulers.py``)
+and, when ``SPEC_EXPLORER_TAP_ADDR`` is set, publishes one ``wire`` message per
+engine step on a ZMQ PUB socket:
+
+- ``schedule()``: remembers when the step started;
+- ``update_from_output()``: after vLLM has processed the step, reads per request
+  the draft ids that were verified (``scheduled_spec_decode_tokens``), the ids
+  the target sampled (accepted drafts + 1, before any stop truncation) and the
+  ids actually appended to the output (``EngineCoreOutput.new_token_ids``).
+
+Without the address it behaves exactly as vLLM's scheduler. Publishing never
+blocks the engine: if no reader keeps up, messages are dropped and counted. The
+tap's own time per step is measured and sent with the next step, so its overhead
+is a measured number, not a claim.
+
+What the policy half (``policy_hooks.py``) adds to a message comes through four
+hooks with neutral defaults here: ``_observe_request`` (each request's verdict;
+returns whether its drafter is idle), ``_step_decision`` (the slot auction's
+decision for the step), ``_controls_applied`` (control commands applied so far)
+and ``_forget_gone`` (housekeeping for requests vLLM no longer holds).
+
+This module pins vLLM internals (tested with vllm 0.32.0).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import zmq
+
+from engine_adapter.vllm_plugin.wire import TAP_ADDR_ENV, encode_step
+
+HOUSEKEEPING_STEPS = 256  # every this many published steps, forget requests vLLM no longer holds
+
+
+class StepPublisher:
+    """Owns the PUB socket and the per-step bookkeeping of one scheduler."""
+
+    def __init__(self, addr: str) -> None:
+        self._sock = zmq.Context.instance().socket(zmq.PUB)
+        self._sock.setsockopt(zmq.SNDHWM, 100_000)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(addr)  # the adapter binds; engines come and go
+        self.seq = 0
+        self.dropped = 0
+        self.last_tap_s = 0.0
+        self.last_end = time.monotonic()
+        # id(scheduler_output) -> perf_counter at schedule() start; async
+        # scheduling keeps up to two steps in flight.
+        self.started: dict[int, float] = {}
+        self.policy_s = 0.0  # time in control commands and the auction since the last publish
+
+    def publish(self, payload: bytes) -> None:
+        try:
+            self._sock.send(payload, zmq.NOBLOCK)
+        except zmq.Again:
+            self.dropped += 1
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+
+class TapMixin:
+    """Mixed in before a vLLM scheduler class; see the module docstring."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        addr = os.environ.get(TAP_ADDR_ENV)
+        self._tap = StepPublisher(addr) if addr else None
+        self._controls_applied = 0
+
+    # --- hooks for the policy half (neutral here) ----------------------------
+    def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool) -> bool:
+        """One request's verdict this step; returns whether its drafter is idle."""
+        return False
+
+    def _step_decision(self, scheduler_output) -> list | None:
+        return None
+
+    def _forget_gone(self) -> None:
+        pass
+
+    @property
+    def tap_enabled(self) -> bool:
+        return self._tap is not None
+
+    def _note_policy_time(self, seconds: float) -> None:
+        """Our policy's time counts as the tap's own, not vLLM's."""
+        if self._tap is not None:
+            self._tap.policy_s += seconds
+
+    # --- vLLM's scheduler API ---------------------------------------------------
+    def schedule(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = super().schedule(*args, **kwargs)
+        if self._tap is not None:
+            self._tap.started[id(out)] = t0
+        return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        tap = self._tap
+        if tap is None:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        t_pre = time.perf_counter()
+        # vLLM truncates the sampled lists in place at a stop, so count first.
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        num_sampled = {rid: len(sampled[i]) for rid, i in index.items()} if sampled else {}
+        pre_s = time.perf_counter() - t_pre
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        try:
+            self._publish(scheduler_output, num_sampled, t_pre, pre_s, result)
+        except Exception:  # an observer must never stop the engine; the gap shows as lost steps
+            tap.dropped += 1
+            if tap.dropped == 1:  # say why once, in vLLM's log
+                traceback.print_exc()
+        return result
+
+    def shutdown(self) -> None:
+        if self._tap is not None:
+            self._tap.close()
+        super().shutdown()
+
+    # --- the message ----------------------------------------------------------
+    def _request_rows(self, scheduler_output, num_sampled: dict[str, int], result) -> list[list]:
+        """[engine_request_id, drafted, accepted, emitted, finish_reason, num_prompt_tokens, drafter_idle]
+        per scheduled request (``wire.py``)."""
+        # ids appended to each request's output this step, after stop checks
+        emitted: dict[str, tuple[list[int], str | None]] = {}
+        for outs in result.values():
+            for o in outs.outputs:
+                reason = o.finish_reason
+                emitted[o.request_id] = (list(o.new_token_ids), None if reason is None else str(reason))
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        rows = []
+        for req_id in scheduler_output.num_scheduled_tokens:
+            drafted = spec.get(req_id) or []
+            n_sampled = num_sampled.get(req_id, 0)
+            # vLLM's own rule (Scheduler.update_from_output): accepted =
+            # sampled - 1, counted only when drafts were verified and sampled.
+            accepted = max(n_sampled - 1, 0) if (drafted and n_sampled) else 0
+            ids, reason = emitted.get(req_id, ([], None))
+            idle = self._observe_request(req_id, len(drafted), accepted, reason is not None)
+            request = self.requests.get(req_id)
+            n_prompt = request.num_prompt_tokens if request is not None else 0
+            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle])
+        return rows
+
+    def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result) -> None:
+        tap = self._tap
+        t_in = time.perf_counter()
+        start = tap.started.pop(id(scheduler_output), t_pre)
+        decision = self._step_decision(scheduler_output)
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        if not num_scheduled:
+            return  # an empty step: nothing ran
+        reqs = self._request_rows(scheduler_output, num_sampled, result)
+        if tap.seq % HOUSEKEEPING_STEPS == 0:  # requests aborted by their client never report a finish
+            self._forget_gone()
+        now = time.monotonic()
+        tap.seq += 1
+        payload = encode_step(
+            tap.seq,
+            now,
+            t_pre - start + (t_in - t_pre - pre_s),  # vLLM's time, ours excluded
+            now - tap.last_end,
+            len(num_scheduled),
+            scheduler_output.num_spec_tokens_to_schedule,
+            scheduler_output.total_num_scheduled_tokens,
+            tap.last_tap_s,
+            tap.dropped,
+            reqs,
+            self._controls_applied,
+            decision,
+        )
+        tap.publish(payload)
+        tap.last_end = now
+        tap.last_tap_s = time.perf_counter() - t_in + pre_s + tap.policy_s
+        tap.policy_s = 0.0
