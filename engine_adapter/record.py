@@ -5,7 +5,7 @@
         --out TRACE.jsonl [--target SPEC] [--draft SPEC] [--attach URL]
 
 FILE is JSONL, one {"prompt": "..."} per line (other keys are ignored).
-TRACE.jsonl (format documented in the README, "Trace format"):
+TRACE.jsonl (format documented in docs/trace-format.md):
     {"type": "run", ...config, "vllm_version"}
     {"type": "request", "prompt", "text", "token_ids", "kinds", "steps",
      "spec_decode_metrics", "tokens_per_second", ...}       one per prompt
@@ -18,17 +18,11 @@ import argparse
 import asyncio
 import json
 import sys
-import time
 from pathlib import Path
-from typing import Any
 
-from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine_config import EngineConfig, validate_k_table
 from engine_adapter.engine.launcher import EngineStartError
-from engine_adapter.service.load import run_prompts
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
-from engine_adapter.prompts import read_prompts
-from engine_adapter.trace.format import request_line
+from engine_adapter.measure.recording import RecordSettings, record
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,61 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-async def record(args: argparse.Namespace) -> dict[str, Any]:
-    prompts = read_prompts(args.prompts)
-    config = EngineConfig(
-        method=args.method, k=args.k,
-        k_table=validate_k_table(args.k_table) if args.k_table else None,
-        target=args.target, draft=args.draft, dtype=args.dtype,
-        max_model_len=args.max_model_len, kv_cache_gib=args.kv_cache_gib,
-    )
-    if args.attach:
-        engine = await LiveEngine.attach(args.attach, k_hint=args.k)
-    else:
-        engine = await LiveEngine.launch(
-            config, progress=lambda p: print(f"[{p.fraction:4.0%}] {p.message}", file=sys.stderr)
-        )
-    try:
-        t0 = time.monotonic()
-        results = await run_prompts(
-            engine.client, prompts, args.concurrency,
-            max_tokens=args.max_tokens, temperature=args.temperature,
-            on_result=lambda i, r: print(f"done {i + 1}/{len(prompts)}", file=sys.stderr),
-        )
-        wall = time.monotonic() - t0
-    finally:
-        await engine.close()
-    total = sum(len(r.token_ids) for r in results)
-    run = {
-        "type": "run",
-        "method": "attach" if args.attach else args.method,
-        "k": args.k,
-        "k_table": config.k_table,
-        "target": args.target,
-        "draft": args.draft if args.method == "draft" else None,
-        "dtype": args.dtype,
-        "max_tokens": args.max_tokens,
-        "concurrency": args.concurrency,
-        "temperature": args.temperature,
-        "num_prompts": len(prompts),
-        "attach": args.attach,
-        "provenance": "counts" if args.attach else "tap",
-        "vllm_version": engine.vllm_version,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    summary = {"type": "summary", "wall_s": wall, "total_tokens": total,
-               "tokens_per_second": total / wall if wall > 0 else 0.0}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", encoding="utf-8") as f:
-        for obj in [run, *(request_line(r) for r in results), summary]:
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    return summary
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        summary = asyncio.run(record(args))
+        summary = asyncio.run(record(RecordSettings(**vars(args))))
     except (ValueError, EngineStartError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ REQUIREMENTS = (ROOT / "requirements.txt").read_text(encoding="utf-8").splitline
 TORCH_CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 SETUP_COMMANDS = [
     "bash scripts/setup.sh && .venv/bin/python app.py",
-    "bash scripts/setup.sh --dev && .venv/bin/python -m pytest",
+    "bash scripts/setup.sh --dev && .venv/bin/ruff check && .venv/bin/ruff format --check && .venv/bin/python -m pytest",
 ]
 SPACE_EXTRAS = ("cpu", "packaged")
 

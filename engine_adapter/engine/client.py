@@ -25,7 +25,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -35,13 +34,12 @@ from transformers import PreTrainedTokenizerBase
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.engine_config import KTable, validate_k_table
 
-from engine_adapter.provenance import kinds_for_step, metrics_from_steps, steps_from_counts
-from engine_adapter.records import RequestResult, Step, Token
+from engine_adapter.provenance import metrics_from_steps
+from engine_adapter.records import RequestResult, Step
 from engine_adapter.engine.tap_receiver import TapReceiver
 from engine_adapter.vllm_plugin.wire import encode_control
-from engine_adapter.engine.token_text import IncrementalText, draft_text
-
-TAP_GRACE_S = 5.0  # how long to wait for the tap's last step after the HTTP stream ends
+from engine_adapter.engine.step_stream import HttpState, reconcile_counts, steps_from_chunks, steps_from_tap
+from engine_adapter.engine.token_text import IncrementalText
 
 
 class RequestError(RuntimeError):
@@ -57,17 +55,6 @@ def _connection_message(url: str, e: httpx.HTTPError) -> str:
     if isinstance(e, httpx.TimeoutException):
         return f"the engine did not answer in time ({type(e).__name__})"
     return f"lost the connection to the engine: {e!r}"
-
-
-@dataclass
-class _HttpState:
-    chunks: list[list[int]] = field(default_factory=list)  # token ids per SSE chunk
-    metrics: dict[str, Any] | None = None
-    finish_reason: str | None = None
-    num_prompt_tokens: int = 0
-    t_first: float | None = None
-    done: bool = False
-    error: str | None = None
 
 
 class EngineClient:
@@ -93,7 +80,7 @@ class EngineClient:
         self._control = None
         self.controls_sent = 0  # compare with EngineStep.controls: applied by the engine
         if control_addr:
-            self._control = self.tap._ctx.socket(zmq.PUSH) if self.tap else None
+            self._control = self.tap.socket(zmq.PUSH) if self.tap else None
             if self._control is not None:
                 self._control.setsockopt(zmq.LINGER, 0)
                 self._control.setsockopt(zmq.SNDTIMEO, 2000)
@@ -102,7 +89,7 @@ class EngineClient:
             timeout=httpx.Timeout(10.0, read=600.0), limits=httpx.Limits(max_connections=256)
         )
         # request id -> (its HTTP state, its wake queue): what fail_all ends
-        self._inflight: dict[str, tuple[_HttpState, asyncio.Queue]] = {}
+        self._inflight: dict[str, tuple[HttpState, asyncio.Queue]] = {}
         self.last_chunk_t: float | None = None  # monotonic time of the last SSE line from the server (watchdog)
 
     @property
@@ -197,7 +184,7 @@ class EngineClient:
             [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
         )
 
-    async def _stream_http(self, body: dict[str, Any], state: _HttpState, wake: asyncio.Queue) -> None:
+    async def _stream_http(self, body: dict[str, Any], state: HttpState, wake: asyncio.Queue) -> None:
         try:
             async with self._http.stream("POST", f"{self.base_url}/v1/completions", json=body) as r:
                 if r.status_code != 200:
@@ -264,7 +251,7 @@ class EngineClient:
             body["seed"] = seed
         if ignore_eos:
             body["ignore_eos"] = True
-        state = _HttpState()
+        state = HttpState()
         wake: asyncio.Queue = self.tap.register(rid) if self.tap else asyncio.Queue()
         self._inflight[rid] = (state, wake)
         t_start = time.monotonic()
@@ -273,13 +260,12 @@ class EngineClient:
         steps: list[Step] = []
         try:
             if self.tap is not None:
-                async for step in self._steps_from_tap(wake, state, text):
-                    steps.append(step)
-                    yield step
+                live = steps_from_tap(self.tokenizer, wake, state, text)
             else:
-                async for step in self._steps_from_chunks(wake, state, text):
-                    steps.append(step)
-                    yield step
+                live = steps_from_chunks(self.tokenizer, self.k_hint, wake, text)
+            async for step in live:
+                steps.append(step)
+                yield step
             if state.error is None:  # after fail_all the stream may hang: do not wait for it
                 await task
         finally:
@@ -292,7 +278,7 @@ class EngineClient:
             raise RequestError(state.error)
         provenance = "tap" if self.tap is not None else "counts"
         if self.tap is None:
-            steps = self._reconcile_counts(state, steps)
+            steps = reconcile_counts(self.tokenizer, state, steps)
         token_ids = [i for s in steps for i in s.emitted]
         http_ids = [i for c in state.chunks for i in c]
         if token_ids != http_ids:
@@ -323,92 +309,3 @@ class EngineClient:
             t_end=time.monotonic(),
         )
 
-    def _make_step(
-        self, index: int, t: float, wall_s: float, batch_size: int, k: int,
-        drafted: list[int] | None, num_drafted: int, accepted: int, emitted: list[int],
-        text: IncrementalText, finish_reason: str | None = None, drafter_idle: bool = False,
-    ) -> Step:
-        kinds = kinds_for_step(index, num_drafted, accepted, len(emitted))
-        tokens = [
-            Token(
-                id=tid, text=text.push(tid), kind=kind, step=index,
-                draft_pos=(j + 1) if kind == "accepted" else None,
-                k=k, batch_size=batch_size,
-                draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
-            )
-            for j, (tid, kind) in enumerate(zip(emitted, kinds))
-        ]
-        rejected = [
-            Token(
-                id=did, text=draft_text(self.tokenizer, did), kind="rejected", step=index,
-                draft_pos=accepted + j + 1, k=k, batch_size=batch_size, draft_id=did,
-            )
-            for j, did in enumerate((drafted or [])[accepted:])
-        ]
-        return Step(
-            index=index, t=t, wall_s=wall_s, batch_size=batch_size, k=k,
-            drafted=drafted, num_drafted=num_drafted, accepted=accepted,
-            emitted=list(emitted), tokens=tokens, rejected=rejected, finish_reason=finish_reason,
-            drafter_idle=drafter_idle,
-        )
-
-    async def _steps_from_tap(
-        self, wake: asyncio.Queue, state: _HttpState, text: IncrementalText
-    ) -> AsyncIterator[Step]:
-        index = 0
-        seen = 0
-        finished = False
-        while True:
-            if state.done and (state.error or finished or seen >= sum(map(len, state.chunks))):
-                return
-            try:
-                item = await asyncio.wait_for(wake.get(), TAP_GRACE_S if state.done else None)
-            except asyncio.TimeoutError:
-                return  # the tap never delivered the rest; generate() reports it
-            if not isinstance(item[0], str):
-                tstep, r = item
-                if not r.emitted and not r.drafted:
-                    continue  # a prefill chunk that produced no token yet
-                yield self._make_step(
-                    index, tstep.t, tstep.wall_s, tstep.batch_size, tstep.k,
-                    list(r.drafted), len(r.drafted), r.accepted, list(r.emitted), text,
-                    r.finish_reason, r.drafter_idle,
-                )
-                index += 1
-                seen += len(r.emitted)
-                finished = finished or r.finish_reason is not None
-
-    async def _steps_from_chunks(
-        self, wake: asyncio.Queue, state: _HttpState, text: IncrementalText
-    ) -> AsyncIterator[Step]:
-        # Live view without the tap: one chunk ~ one step; exact counts at the end.
-        index = 0
-        while True:
-            kind, ids = await wake.get()
-            if kind == "done":
-                return
-            n = len(ids)
-            yield self._make_step(
-                index, time.monotonic(), 0.0, 0, self.k_hint, None,
-                0 if index == 0 else self.k_hint, 0 if index == 0 else n - 1, ids, text,
-            )
-            index += 1
-
-    def _reconcile_counts(self, state: _HttpState, live: list[Step]) -> list[Step]:
-        """Rebuild attach-mode steps from vLLM's exact per-step counts."""
-        m = state.metrics or {}
-        plan, _exact = steps_from_counts(
-            [len(c) for c in state.chunks], m.get("per_step_accepted", []), m.get("per_step_drafted", [])
-        )
-        ids = [i for c in state.chunks for i in c]
-        k = m.get("num_spec_tokens", 0)
-        text = IncrementalText(self.tokenizer)
-        out: list[Step] = []
-        pos = 0
-        t_of = [s.t for s in live]
-        for index, (num_drafted, accepted, n) in enumerate(plan):
-            emitted = ids[pos : pos + n]
-            pos += n
-            t = t_of[min(index, len(t_of) - 1)] if t_of else 0.0
-            out.append(self._make_step(index, t, 0.0, 0, k, None, num_drafted, accepted, emitted, text))
-        return out

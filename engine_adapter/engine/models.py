@@ -174,7 +174,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
-def _is_complete(final: Path, model: PackagedModel) -> bool:
+def is_complete(final: Path, model: PackagedModel) -> bool:
     marker = final / MARKER
     return marker.is_file() and marker.read_text().strip() == model.sha256
 
@@ -185,7 +185,7 @@ def ensure_packaged(model: PackagedModel, cache_dir: Path, *, convert: Converter
     from filelock import FileLock, Timeout
 
     final = cache_dir / model.final_name
-    if _is_complete(final, model):
+    if is_complete(final, model):
         return final
     parts = locate_parts(model)  # fail on missing packages before waiting or writing anything
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -196,7 +196,7 @@ def ensure_packaged(model: PackagedModel, cache_dir: Path, *, convert: Converter
         print(f"waiting for another process building {final} ...", file=sys.stderr)
         lock.acquire()
     try:
-        if _is_complete(final, model):  # the other process finished it meanwhile
+        if is_complete(final, model):  # the other process finished it meanwhile
             return final
         # Under the lock nobody else is building, so temp dirs and an unmarked final dir
         # are leftovers of a crash.
@@ -231,7 +231,7 @@ def ensure_packaged(model: PackagedModel, cache_dir: Path, *, convert: Converter
         lock.release()
 
 
-def _packaged_for(spec: str) -> PackagedModel | None:
+def packaged_for(spec: str) -> PackagedModel | None:
     return next((m for m in PACKAGED if spec.lower() in (f"packaged:{m.key}", m.hub_id.lower())),
                 None)
 
@@ -261,7 +261,7 @@ def resolve_model(spec: str, *, cache_dir: Path | None = None, progress: Progres
                   allow_hub: bool | None = None) -> Path:
     """Local directory for spec; see the module docstring for the rules."""
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    packaged, explicit = _packaged_for(spec), spec.lower().startswith("packaged:")
+    packaged, explicit = packaged_for(spec), spec.lower().startswith("packaged:")
     if explicit and packaged is None:
         raise ModelResolutionError(f"unknown packaged model {spec!r}; known: "
                                    + ", ".join(f"packaged:{m.key}" for m in PACKAGED))

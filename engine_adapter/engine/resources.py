@@ -113,11 +113,11 @@ def _spec_size(spec: str, cache_dir: Path) -> tuple[int | None, object | None]:
     path = Path(spec).expanduser()
     if path.is_dir():
         return weight_bytes(path), None
-    packaged = models._packaged_for(spec)
+    packaged = models.packaged_for(spec)
     if packaged is None:
         return None, None
     final = cache_dir / packaged.final_name
-    if models._is_complete(final, packaged):
+    if models.is_complete(final, packaged):
         return weight_bytes(final), None
     # explicit packaged:..., or a default hub id offline: converted here (online it may come from the hub)
     will_build = spec.lower().startswith("packaged:") or models.hub_offline_env()

@@ -85,6 +85,10 @@ class TapReceiver:
         self.steps_seen = 0
         self.last_step: EngineStep | None = None
 
+    def socket(self, kind: int) -> zmq.asyncio.Socket:
+        """A socket in the receiver's ZMQ context (the control channel's PUSH end), closed with it."""
+        return self._ctx.socket(kind)
+
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())

@@ -1,0 +1,159 @@
+"""A whole sweep: K policies against concurrency on live engines, in one run.
+
+Contract: ``sweep(SweepSettings)`` starts the engines it needs (a speculation-off one for
+``off``, one live-policy engine for every other policy, switched through the control
+channel), profiles or reads the cost model, interleaves the policies within each level
+and returns the table ``python -m engine_adapter.sweep`` writes (one row per policy,
+concurrency[, category]). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+import pandas as pd
+from engine_adapter.measure.throughput import measure
+from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine_config import EngineConfig, validate_k_table
+from engine_adapter.acceptance import PositionCounts
+from engine_adapter.policy.controller import PolicyController, PolicySpec
+from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.prompts import read_prompts
+from engine_adapter.measure.sweep_runs import (
+    COLUMNS,
+    EXTRA_COLUMNS,
+    Run,
+    k_needed,
+    parse_policy,
+    row_from_runs,
+    run_policy,
+    run_policy_window,
+)
+from engine_adapter.trace.format import engine_step_line
+
+
+@dataclass
+class SweepSettings:
+    """What the command line sets (its flags, parsed)."""
+
+    concurrency: list[int]
+    policies: list[str]
+    prompts: Path
+    max_tokens: int
+    out: Path
+    method: str
+    table: str | None
+    k_max: int
+    by_category: bool
+    reprofile: bool
+    standing_drafter: bool
+    min_requests: int
+    repeats: int
+    window_s: float
+    steps_out: Path | None
+    target: str
+    draft: str
+    kv_cache_gib: int
+
+
+def read_categories(path: Path) -> dict[str, list[str]]:
+    prompts = read_prompts(path)  # validates every line
+    cats: dict[str, list[str]] = {}
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for obj, prompt in zip(lines, prompts):
+        cats.setdefault(str(obj.get("category", "all")), []).append(prompt)
+    return cats
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+async def sweep(settings: SweepSettings) -> pd.DataFrame:
+    table = validate_k_table(settings.table) if settings.table else None
+    policies = [parse_policy(p, table) for p in settings.policies]
+    by_cat = read_categories(settings.prompts) if settings.by_category else {"all": read_prompts(settings.prompts)}
+    all_prompts = [p for ps in by_cat.values() for p in ps]
+    max_seqs = max(max(settings.concurrency), 16)
+    base = dict(target=settings.target, draft=settings.draft, max_model_len=2048, max_num_seqs=max_seqs,
+                kv_cache_gib=settings.kv_cache_gib)
+    engines: dict[str, LiveEngine] = {}
+    steps_out = settings.steps_out.open("w", encoding="utf-8") if settings.steps_out else None
+    try:
+        if any(p.spec is None for p in policies):
+            _say("== starting the speculation-off engine")
+            engines["off"] = await LiveEngine.launch(EngineConfig(method="off", **base))
+        live_pols = [p for p in policies if p.spec is not None]
+        ctl = counts = None
+        if live_pols:
+            k_max = k_needed(live_pols, settings.k_max)
+            cfg = EngineConfig(method=settings.method, k=min(3, k_max), k_max=k_max,
+                               idle_drafter=not settings.standing_drafter, **base)
+            _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
+            engines["live"] = live = await LiveEngine.launch(cfg)
+            ctl = PolicyController(live.client, k_max, max_seqs)
+            counts = PositionCounts(k_max)
+            if any(p.spec.kind in ("auto", "auction") for p in live_pols):
+                path = config_cache_path(cfg)
+                ctl.cost = None if settings.reprofile else load_cached(path, cfg.method == "draft")
+                if ctl.cost is None:
+                    _say("== profiling the cost model")
+                    ctl.cost = await profile_engine(live.client, all_prompts, k_max, cfg.method == "draft",
+                                                    progress=lambda f, m: _say(f"   {m} ({f:.0%})"))
+                    save_cached(path, ctl.cost)
+                _say(f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
+                     f"+{ctl.cost.slope_s * 1e3:.2f} ms/token")
+                # acceptance for "auto" before anything else ran: one short pass at K = k_max
+                await ctl.apply(PolicySpec("fixed", k_max))
+                counts.add((await run_policy(live, all_prompts[:4], 4, settings.max_tokens)).steps)
+        for e in engines.values():
+            await measure(e, all_prompts[:1], 1, 8)  # warm-up, not reported
+        rows = []
+        for c in settings.concurrency:
+            for cat, prompts in by_cat.items():
+                # --window-s 0: one wave of C (more would leave a tail at a lower batch size);
+                # with few requests the prompt mix differs by level, which moves pooled acceptance
+                n = max(c, settings.min_requests)
+                batch = [prompts[i % len(prompts)] for i in range(n)]
+                runs: dict[str, list[Run]] = {p.name: [] for p in policies}
+                for rnd in range(settings.repeats):
+                    # each round starts one policy later, so none always runs first
+                    for pol in policies[rnd % len(policies):] + policies[:rnd % len(policies)]:
+                        if pol.spec is None:
+                            engine = engines["off"]
+                        else:
+                            engine = engines["live"]
+                            await ctl.apply(pol.spec, counts.alphas())
+                        run = (await run_policy_window(engine, prompts, c, settings.max_tokens, settings.window_s)
+                               if settings.window_s else await run_policy(engine, batch, c, settings.max_tokens))
+                        if pol.spec is not None:
+                            counts.add(run.steps)
+                        runs[pol.name].append(run)
+                        if steps_out is not None:
+                            t0 = run.steps[0].t if run.steps else 0.0
+                            for s in run.steps:
+                                steps_out.write(json.dumps({"policy": pol.name, "concurrency": c, "category": cat,
+                                                            "run": rnd + 1, **engine_step_line(s, t0)}) + "\n")
+                        _say(f"   c={c} {cat} {pol.name} run {rnd + 1}/{settings.repeats}: "
+                             f"{run.measured['tokens_per_s']:.2f} tok/s")
+                for pol in policies:
+                    row = {"policy": pol.name, "concurrency": c, **row_from_runs(runs[pol.name])}
+                    if settings.by_category:
+                        row["category"] = cat
+                    _say(f"   c={c} {cat} {pol.name}: median {row['total_tokens_per_s']:.2f} tok/s, "
+                         f"effective K {row['effective_k']}")
+                    rows.append(row)
+    finally:
+        for e in engines.values():
+            await e.close()
+        if steps_out is not None:
+            steps_out.close()
+    cols = COLUMNS + (["category"] if settings.by_category else []) + EXTRA_COLUMNS
+    order = {p.name: i for i, p in enumerate(policies)}
+    df = pd.DataFrame(rows, columns=cols)
+    keys = ["category"] if settings.by_category else []
+    df["_p"] = df["policy"].map(order)
+    return df.sort_values(keys + ["_p", "concurrency"], kind="stable").drop(columns="_p").reset_index(drop=True)
+
