@@ -15,9 +15,9 @@ import sys
 from engine_adapter.engine_config import METHODS, EngineConfig, validate_k_table
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.service.engine_service import EngineService
-from explorer.presenter import Presenter
-from explorer.presets import load_presets
-from explorer.ui import UiDefaults, build_ui
+from engine_adapter.prompts import load_presets
+from explorer.page import PageDefaults, build_page
+from explorer.panels.presenter import Presenter
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     # SIGINT is re-armed because a shell starts background jobs with it ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    demo = build_ui(service, presets, UiDefaults(config=config, presenter=Presenter(args.presenter_key)))
+    demo = build_page(service, presets, PageDefaults(config=config, presenter=Presenter(args.presenter_key)))
     try:
         demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)
     finally:

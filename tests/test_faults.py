@@ -28,7 +28,7 @@ from engine_adapter.service.engine_service import EngineService
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.engine.token_text import load_tokenizer
 from engine_adapter.service.watchdog import Backoff, HealthJudge, WatchdogSettings, backoff_delay, describe_exit
-from explorer.ui import status_markdown
+from explorer.views.status import status_markdown
 from tests.conftest import tiny_config
 from tests.support.app_process import start_app, wait_ready
 from tests.test_launcher import processes_mentioning, wait_gone

@@ -28,7 +28,7 @@ from engine_adapter.trace.format import (
     session_header,
     session_request_line,
 )
-from explorer.chart_export import chart_csv, live_chart_frame
+from explorer.views.live_charts import chart_csv, live_chart_frame
 from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
 from engine_adapter.engine.supervise import session_members
 

@@ -7,8 +7,8 @@ from dataclasses import replace
 import pytest
 
 from engine_adapter.records import RequestResult, Step, Token
-from explorer.request_card import card_markdown, histogram_figure, position_figure
-from explorer.token_view import token_view_value
+from explorer.views.request_card import card_markdown, histogram_figure, position_figure
+from explorer.views.token_view import token_view_value
 
 METRICS = {
     "mean_acceptance_length": 1.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [1, 1],

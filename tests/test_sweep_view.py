@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from explorer.sweep_view import REQUIRED, read_sweep, shipped_sweeps, show, sweep_figure, with_speedup
-from explorer.ui import SWEEP_DIR
+from engine_adapter.package_data import sweeps_dir
+from explorer.views.sweep_figure import REQUIRED, read_sweep, shipped_sweeps, show, sweep_figure, with_speedup
 
 
 def rows(policy, tps_by_c, category=None):
@@ -57,7 +57,7 @@ def test_bad_csvs_get_a_clear_message(tmp_path, content, error):
 
 
 def test_sweep_targets_table():
-    from engine_adapter.sweep_targets import check
+    from engine_adapter.measure.targets import check
 
     def row(policy, c, tps, acc="0.8 0.7"):
         return {"policy": policy, "concurrency": c, "total_tokens_per_s": tps, "category": "code",
@@ -99,7 +99,7 @@ def test_shipped_sweeps_follow_the_index_then_the_rest_by_name(tmp_path):
 
 def test_every_shipped_sweep_is_in_the_index_and_reads():
     """The explorer's default sweep is the index's first: every shipped CSV says what it is."""
-    shipped = shipped_sweeps(SWEEP_DIR)
+    shipped = shipped_sweeps(sweeps_dir())
     assert shipped and all(s.about for s in shipped), [s.path.name for s in shipped if not s.about]
     for s in shipped:
         assert not read_sweep(s.path).empty

@@ -2,18 +2,28 @@
 
 Contract: ``bin_steps(steps, now, window_s, bin_s)`` turns ``EngineStep``
 records into a pandas DataFrame with one row per time bin (``t`` in seconds
-relative to ``now``, negative = past); ``live_figure(df, markers, fg)`` draws
+relative to ``now``, negative = past; ``bin_prom`` gives the same columns from
+``/metrics`` snapshots); ``live_chart_frame(backend, now)`` is the frame the
+page draws (tap steps, or ``/metrics`` when attached) with one more column,
+``load``: the background load in force in each bin; ``chart_csv(df)`` is its
+CSV text (empty cells = no data in that bin); ``live_figure(df, markers, fg)`` draws
 the four panels as one plotly figure with shared time axis:
 1. K in force and effective K (drafts verified per drafting request), batch size;
 2. tokens emitted and drafts accepted per request-step;
 3. draft acceptance rate and acceptance per draft position;
 4. total tokens/s and the foreground request's tokens/s.
 Slider changes are vertical lines on every panel, so cause and effect line up.
+
+Units: seconds (``WINDOW_S`` = the window every chart shows, ``BIN_S`` = one
+bin), tokens per second, tokens per request-step.
 """
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -21,11 +31,17 @@ from plotly.subplots import make_subplots
 
 from engine_adapter.records import EngineStep
 
+if TYPE_CHECKING:
+    from engine_adapter.engine.prometheus import PromSnapshot
+    from engine_adapter.service.backend import Backend
+
+WINDOW_S = 180.0  # seconds of history every live chart (and its CSV) shows
+BIN_S = 2.0  # seconds per bin
 POSITION_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
 
 
-def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = 180.0,
-              bin_s: float = 2.0) -> pd.DataFrame:
+def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = WINDOW_S,
+              bin_s: float = BIN_S) -> pd.DataFrame:
     rows = []
     for s in steps:
         if now - s.t > window_s:
@@ -64,7 +80,7 @@ def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = 180.0,
 
 
 def live_figure(df: pd.DataFrame, markers: Sequence[tuple[float, int]] = (),
-                foreground: pd.DataFrame | None = None, window_s: float = 180.0) -> go.Figure:
+                foreground: pd.DataFrame | None = None, window_s: float = WINDOW_S) -> go.Figure:
     fig = make_subplots(
         rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.06,
         specs=[[{"secondary_y": True}], [{}], [{}], [{}]],
@@ -75,38 +91,38 @@ def live_figure(df: pd.DataFrame, markers: Sequence[tuple[float, int]] = (),
     )
     if not df.empty:
         t = df["t"]
-        fig.add_scatter(x=t, y=df["k"], name="K in force", line=dict(shape="hv", color="#444"), row=1, col=1)
-        fig.add_scatter(x=t, y=df["effective_k"], name="effective K", line=dict(color="#1f77b4"), row=1, col=1)
-        fig.add_scatter(x=t, y=df["batch"], name="batch size", line=dict(color="#aaa", dash="dot"),
+        fig.add_scatter(x=t, y=df["k"], name="K in force", line={"shape": "hv", "color": "#444"}, row=1, col=1)
+        fig.add_scatter(x=t, y=df["effective_k"], name="effective K", line={"color": "#1f77b4"}, row=1, col=1)
+        fig.add_scatter(x=t, y=df["batch"], name="batch size", line={"color": "#aaa", "dash": "dot"},
                         row=1, col=1, secondary_y=True)
-        fig.add_scatter(x=t, y=df["tokens_per_step"], name="tokens / request-step", line=dict(color="#2ca02c"),
+        fig.add_scatter(x=t, y=df["tokens_per_step"], name="tokens / request-step", line={"color": "#2ca02c"},
                         row=2, col=1)
         fig.add_scatter(x=t, y=df["accepted_per_step"], name="accepted / request-step",
-                        line=dict(color="#1f77b4", dash="dash"), row=2, col=1)
+                        line={"color": "#1f77b4", "dash": "dash"}, row=2, col=1)
         fig.add_scatter(x=t, y=df["acceptance_rate"], name="draft_acceptance_rate",
-                        line=dict(color="#000", width=3), row=3, col=1)
+                        line={"color": "#000", "width": 3}, row=3, col=1)
         for col in [c for c in df.columns if c.startswith("pos")]:
             i = int(col[3:])
-            fig.add_scatter(x=t, y=df[col], name=f"position {i}", line=dict(
-                color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1), row=3, col=1)
-        fig.add_scatter(x=t, y=df["total_tokens_per_s"], name="total tokens/s", line=dict(color="#d62728"),
+            fig.add_scatter(x=t, y=df[col], name=f"position {i}", line={
+                "color": POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], "width": 1}, row=3, col=1)
+        fig.add_scatter(x=t, y=df["total_tokens_per_s"], name="total tokens/s", line={"color": "#d62728"},
                         row=4, col=1)
     if foreground is not None and not foreground.empty:
         fig.add_scatter(x=foreground["t"], y=foreground["tokens_per_s"], name="foreground tokens/s",
-                        line=dict(color="#9467bd"), row=4, col=1)
+                        line={"color": "#9467bd"}, row=4, col=1)
     for t, n in markers:
         if -window_s <= t <= 0:
-            fig.add_vline(x=t, line=dict(color="#e377c2", dash="dot"))
+            fig.add_vline(x=t, line={"color": "#e377c2", "dash": "dot"})
             fig.add_annotation(x=t, y=1.0, yref="paper", text=f"load → {n}", showarrow=False,
-                               font=dict(size=10, color="#e377c2"), yanchor="bottom")
+                               font={"size": 10, "color": "#e377c2"}, yanchor="bottom")
     fig.update_xaxes(range=[-window_s, 0], row=4, col=1, title_text="seconds (0 = now)")
     fig.update_yaxes(range=[0, 1.05], row=3, col=1)
-    fig.update_layout(height=760, margin=dict(l=50, r=50, t=40, b=40), template="plotly_white",
-                      legend=dict(orientation="h", y=-0.08), uirevision="live")
+    fig.update_layout(height=760, margin={"l": 50, "r": 50, "t": 40, "b": 40}, template="plotly_white",
+                      legend={"orientation": "h", "y": -0.08}, uirevision="live")
     return fig
 
 
-def foreground_rate(step_times: Sequence[tuple[float, int]], now: float, bin_s: float = 2.0) -> pd.DataFrame:
+def foreground_rate(step_times: Sequence[tuple[float, int]], now: float, bin_s: float = BIN_S) -> pd.DataFrame:
     """Tokens/s of the foreground request from (t, tokens emitted) per step."""
     if not step_times:
         return pd.DataFrame()
@@ -116,7 +132,7 @@ def foreground_rate(step_times: Sequence[tuple[float, int]], now: float, bin_s: 
     return pd.DataFrame({"t": g.index, "tokens_per_s": g.values})
 
 
-def bin_prom(snapshots: Sequence, now: float, window_s: float = 180.0) -> pd.DataFrame:
+def bin_prom(snapshots: Sequence[PromSnapshot], now: float, window_s: float = WINDOW_S) -> pd.DataFrame:
     """The same columns as ``bin_steps`` from ``/metrics`` snapshots (attach mode: no tap).
 
     Each pair of consecutive snapshots (about a second apart) is one row. What
@@ -125,7 +141,7 @@ def bin_prom(snapshots: Sequence, now: float, window_s: float = 180.0) -> pd.Dat
     request-step ~ mean_acceptance_length.
     """
     rows = []
-    for a, b in zip(snapshots, snapshots[1:]):
+    for a, b in itertools.pairwise(snapshots):
         if now - b.t > window_s:
             continue
         d = b - a
@@ -143,3 +159,24 @@ def bin_prom(snapshots: Sequence, now: float, window_s: float = 180.0) -> pd.Dat
             row[f"pos{i + 1}"] = p
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def live_chart_frame(backend: Backend, now: float | None = None, window_s: float = WINDOW_S) -> pd.DataFrame:
+    """The frame the live chart draws, plus ``load``: the background load in force in each bin."""
+    now = time.monotonic() if now is None else now
+    if backend.status().attached:  # no tap: server-wide counters from /metrics
+        df = bin_prom(backend.prom_history(), now, window_s)
+    else:
+        df = bin_steps(backend.steps_since(now - window_s), now, window_s)
+    if df.empty:
+        df = bin_steps([], now, window_s)
+    if "t" in df.columns:
+        changes = sorted((t - now, n) for t, n in backend.load_changes)
+        df = df.copy()
+        df["load"] = [next((n for t_c, n in reversed(changes) if t_c <= t), 0) for t in df["t"]]
+    return df
+
+
+def chart_csv(df: pd.DataFrame) -> str:
+    """``df`` as CSV (``t`` = seconds, 0 = now)."""
+    return df.to_csv(index=False, float_format="%.6g")

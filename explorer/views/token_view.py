@@ -1,7 +1,8 @@
-"""The token provenance view: a ``gr.HTML`` subclass over files in ``assets/``.
+"""The token provenance view's value: adapter ``Step`` records as the JSON its template renders.
 
 Contract: ``token_view_value(steps, ...)`` turns adapter ``Step`` records into
-the JSON value the template renders; every string (token text, tooltips,
+the JSON value the template (``assets/token_view.html``, drawn by
+``explorer.components.TokenView``) renders; every string (token text, tooltips,
 messages) is made inert here by ``inert()``, before it reaches the template,
 which inserts them raw (``{{{...}}}``) for that reason. Inert means more than
 HTML-escaped: Gradio evaluates the Handlebars output as a JavaScript template
@@ -15,14 +16,9 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-import gradio as gr
-
 from engine_adapter.records import Step, Token
-
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
 
 KIND_LABEL = {
     "prefill": "prefill (first token, computed by the target)",
@@ -100,16 +96,3 @@ def token_view_value(
         "footer": inert(footer) if footer else None,
     }
 
-
-class TokenView(gr.HTML):
-    """Coloured tokens with rejected-draft ghosts, a legend and tooltips."""
-
-    def __init__(self, value: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        super().__init__(
-            value=value or token_view_value([]),
-            html_template=(ASSETS / "token_view.html").read_text(),
-            css_template=(ASSETS / "token_view.css").read_text(),
-            js_on_load=(ASSETS / "token_view.js").read_text(),
-            apply_default_css=False,
-            **kwargs,
-        )

@@ -1,4 +1,4 @@
-"""Presenter mode: engine-wide settings locked behind a key, or shared with a notice.
+"""Presenter mode (a panel): engine-wide settings locked behind a key, or shared with a notice.
 
 Contract: ``Presenter(key)``; with ``key`` None every session may change the
 engine-wide settings (method and K restart the engine, the K policy applies
@@ -7,7 +7,8 @@ live) and the page says that a change applies to everyone; with a key
 key, so one student cannot restart the engine under the class.
 ``build_presenter_box(presenter)`` adds the key box and returns the session's
 ``gr.State`` (True once unlocked); ``presenter.refusal(unlocked)`` is None when
-the session may act, else the message to show.
+the session may act, else the message to show. API name: /unlock (key) ->
+the answer.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import hmac
 from dataclasses import dataclass
 
 import gradio as gr
+from gradio.components import Component
 
 SHARED_NOTICE = ("Engine-wide settings are shared: a change here (method, K, K policy) applies to everyone "
                  "using this explorer right now.")
@@ -50,10 +52,11 @@ def build_presenter_box(presenter: Presenter) -> gr.State:
         unlock_btn = gr.Button("Unlock", elem_id="unlock", scale=1)
     said = gr.Markdown("🔒 Locked: method, K and the K policy are the presenter's.", elem_id="presenter-status")
 
-    def unlock(attempt: str):
+    def unlock(attempt: str) -> dict[Component, object]:
         if presenter.check(attempt):
-            return True, "🔓 Unlocked for this page: your changes apply to everyone's engine.", ""
-        return False, "✕ That is not the presenter key.", ""
+            return {unlocked: True, said: "🔓 Unlocked for this page: your changes apply to everyone's engine.",
+                    key: ""}
+        return {unlocked: False, said: "✕ That is not the presenter key.", key: ""}
 
     unlock_btn.click(unlock, key, [unlocked, said, key], api_name="unlock")
     key.submit(unlock, key, [unlocked, said, key], api_name=False)

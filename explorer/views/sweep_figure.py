@@ -1,15 +1,16 @@
-"""Sweep results in the explorer: speedup versus concurrency, one curve per policy.
+"""Sweep results: speedup versus concurrency, one curve per policy (pure; the panel is panels/sweep.py).
 
 Contract: ``read_sweep(path)`` reads a CSV written by ``python -m
 engine_adapter.sweep`` (checks the columns, says what is missing);
 ``sweep_figure(df)`` plots, per policy, total tokens/s divided by the
 ``off`` policy's at the same concurrency (and category) when ``off`` was
 measured, else absolute tokens/s; one panel per task category when the CSV
-has a ``category`` column. ``build_sweep_panel(sweep_dir)`` adds the
-accordion: the sweeps shipped in ``docs/sweeps/`` and an upload for one's own.
-``shipped_sweeps(sweep_dir)`` orders them as ``docs/sweeps/index.json`` lists
-them (a list of ``{"file", "about"}``; the first is the sweep of record, shown
-by default), then any CSV it does not list, by name.
+has a ``category`` column. ``show(path)`` is the (message, figure, table) a
+panel shows for one CSV, with a clear message for a bad file.
+``shipped_sweeps(sweep_dir)`` (``sweep_dir`` = ``package_data.sweeps_dir()``)
+orders them as ``docs/sweeps/index.json`` lists them (a list of ``{"file",
+"about"}``; the first is the sweep of record, shown by default), then any CSV
+it does not list, by name.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import gradio as gr
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -82,43 +82,18 @@ def sweep_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
             sel = sel.sort_values("concurrency")
             fig.add_trace(go.Scatter(
                 x=sel["concurrency"], y=sel[y], mode="lines+markers", name=policy, legendgroup=policy,
-                showlegend=j == 1, line=dict(color=palette[i % len(palette)], dash="dot" if policy == "off" else None),
+                showlegend=j == 1, line={"color": palette[i % len(palette)], "dash": "dot" if policy == "off" else None},
                 customdata=sel[["total_tokens_per_s", "effective_k", "draft_acceptance_rate"]].values,
                 hovertemplate=(f"{policy}, c=%{{x}}: %{{y:.2f}}<br>%{{customdata[0]:.1f}} tokens/s, "
                                "effective K %{customdata[1]:.2f}, acceptance %{customdata[2]:.2f}<extra></extra>")),
                 row=1, col=j)
     if has_off:
-        fig.add_hline(y=1.0, line=dict(color="#999", width=1))
+        fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
     fig.update_xaxes(type="log", title_text="concurrency (requests in flight)", tickvals=sorted(d["concurrency"].unique()))
     fig.update_yaxes(title_text=y_title, col=1)
     fig.update_layout(title=title or "Speedup versus concurrency, per K policy (measured)", height=380,
-                      margin=dict(l=60, r=10, t=70, b=50))
+                      margin={"l": 60, "r": 10, "t": 70, "b": 50})
     return fig
-
-
-def build_sweep_panel(sweep_dir: Path) -> None:
-    shipped = shipped_sweeps(sweep_dir)
-    about = {s.path.name: s.about for s in shipped}
-
-    def show_shipped(name: str | None) -> tuple[str, go.Figure | None, pd.DataFrame | None]:
-        message, fig, table = show(sweep_dir / name if name else None)
-        return (f"{about[name]}\n\n{message}" if about.get(name) and fig is not None else message), fig, table
-
-    with gr.Accordion("Sweep: speedup versus concurrency per policy (python -m engine_adapter.sweep)", open=False):
-        gr.Markdown("Measured by `python -m engine_adapter.sweep` on a live engine; pick a sweep shipped with "
-                    "the explorer (made on the machine named in its file name; the first is the sweep of "
-                    "record) or upload your own CSV.")
-        with gr.Row():
-            pick = gr.Dropdown([s.path.name for s in shipped], value=shipped[0].path.name if shipped else None,
-                               label="Shipped sweeps", elem_id="sweep-pick")
-            upload = gr.File(label="…or your sweep CSV", file_types=[".csv"], elem_id="sweep-upload")
-        first = show_shipped(shipped[0].path.name) if shipped else ("No sweep shipped yet.", None, None)
-        message = gr.Markdown(first[0])
-        plot = gr.Plot(first[1], show_label=False, elem_id="sweep-plot")
-        table = gr.Dataframe(first[2], interactive=False, elem_id="sweep-table")
-
-    pick.change(show_shipped, pick, [message, plot, table], api_name="sweep")
-    upload.upload(show, upload, [message, plot, table], api_name=False)
 
 
 def show(path: str | Path | None) -> tuple[str, go.Figure | None, pd.DataFrame | None]:

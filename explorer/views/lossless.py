@@ -2,7 +2,8 @@
 
 Contract: ``compare(spec, plain, temperature)`` returns a ``Verdict`` with the
 first differing token (if any), a plain-language message, and the measured
-speedup of the speculative run over the plain one (tokens/s ratio).
+speedup of the speculative run over the plain one (tokens/s ratio);
+``verdict_markdown(verdict, spec, plain)`` is the line the page shows for it.
 """
 
 from __future__ import annotations
@@ -38,3 +39,10 @@ def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Ve
                "should match token for token; a difference usually means two candidate tokens had "
                "(nearly) equal scores and different batch shapes broke the tie.")
     return Verdict(first is None, first, msg, speedup)
+
+
+def verdict_markdown(verdict: Verdict, spec: RequestResult, plain: RequestResult) -> str:
+    """The check's answer in one line: the verdict, then both speeds and their ratio (tokens/s)."""
+    speed = (f" Speed: {spec.tokens_per_second:.2f} tokens/s with speculation, "
+             f"{plain.tokens_per_second:.2f} without: **{verdict.speedup:.2f}x**." if verdict.speedup else "")
+    return f"**{'✓' if verdict.identical else '≠'} {verdict.message}**{speed}"

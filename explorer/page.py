@@ -1,0 +1,69 @@
+"""The explorer page (Gradio 6): prompt in, provenance-coloured tokens out, live.
+
+Contract: ``build_page(backend, presets, defaults)`` returns the ``gr.Blocks``
+page, laid out from the panels in ``explorer.panels``; ``PageDefaults`` holds
+the engine config the page starts from (what "Apply engine settings" changes),
+the presenter lock and the generation sliders' start values. It reads only what
+the ``Backend`` (``engine_adapter.service.backend``) returns; it never parses
+vLLM's wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import gradio as gr
+
+from engine_adapter.engine_config import EngineConfig
+from engine_adapter.package_data import data_path, sweeps_dir
+from engine_adapter.prompts import Preset
+from engine_adapter.service.backend import Backend
+from explorer.panels.engine import EnginePanel
+from explorer.panels.export import build_csv_export
+from explorer.panels.load import LoadPanel
+from explorer.panels.policy import build_policy_panel
+from explorer.panels.presenter import Presenter
+from explorer.panels.replay import build_replay_panel
+from explorer.panels.run import RunPanel
+from explorer.panels.sweep import build_sweep_panel
+
+TITLE = "Speculative decoding explorer"
+INTRO = (f"# {TITLE}\nEvery token below is coloured by where it came from, as the live vLLM engine ran it.")
+
+
+@dataclass(frozen=True)
+class PageDefaults:
+    config: EngineConfig
+    presenter: Presenter = field(default_factory=Presenter)
+    max_tokens: int = 128
+    temperature: float = 0.0
+
+
+def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaults) -> gr.Blocks:
+    engine = EnginePanel(backend, defaults.config, defaults.presenter)
+    run = RunPanel(backend, presets, defaults.max_tokens, defaults.temperature)
+    load = LoadPanel(backend)
+    with gr.Blocks(title=TITLE) as page:
+        gr.Markdown(INTRO)
+        engine.build_status()
+        with gr.Row():
+            with gr.Column(scale=2, min_width=320):
+                prompt = run.build_prompt()
+                build_replay_panel(backend, prompt)  # replay only: what Run does, the recorded requests
+                run.build_generation()
+                unlocked = engine.build_settings()
+                load.build_controls()
+            with gr.Column(scale=3, min_width=420):
+                run.build_outputs()
+        load.build_chart()
+        build_csv_export(backend)  # the chart's data as CSV (live and replay)
+        with gr.Accordion("Why does this happen?", open=False):
+            gr.Markdown(data_path("assets", "explain.md").read_text())
+        k_max = defaults.config.k_max or defaults.config.k
+        build_policy_panel(page, backend, run.request_id, k_max, unlocked, defaults.presenter)
+        build_sweep_panel(sweeps_dir())
+        run.wire()
+        engine.wire()
+        load.wire(page, run.step_times)
+    return page

@@ -1,0 +1,67 @@
+"""The engine panel: the status line at the top of the page and the engine settings.
+
+Contract: ``EnginePanel(backend, config, presenter)``; ``build_status()`` adds
+the status line (``explorer.views.status.status_markdown``, refreshed every
+second), ``build_settings()`` the "Engine" accordion: the presenter box
+(``explorer.panels.presenter``), the speculation method, K and an Apply that
+restarts the engine with ``config`` changed in those two (a live K policy
+keeps room for the chosen K). ``wire()`` connects them.
+
+API names: /apply (method, K, unlocked) -> status line; /status -> status line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gradio as gr
+
+from engine_adapter.engine_config import EngineConfig, available_methods
+from engine_adapter.service.backend import Backend
+from explorer.panels.presenter import Presenter, build_presenter_box
+from explorer.views.status import status_markdown
+
+METHOD_LABELS = {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)",
+                 "draft": "draft model", "suffix": "suffix tree"}
+MAX_K = 8  # the K slider's top (EngineConfig.validate allows more)
+
+
+class EnginePanel:
+    def __init__(self, backend: Backend, config: EngineConfig, presenter: Presenter) -> None:
+        self.backend = backend
+        self.config = config
+        self.presenter = presenter
+
+    def build_status(self) -> gr.Markdown:
+        self.status = gr.Markdown(status_markdown(self.backend), elem_id="engine-status")
+        return self.status
+
+    def build_settings(self) -> gr.State:
+        """The "Engine" accordion; returns the presenter state (True once this page is unlocked)."""
+        with gr.Accordion("Engine (restarts the engine)", open=True):
+            self.unlocked = build_presenter_box(self.presenter)
+            self.method = gr.Radio([(METHOD_LABELS[m], m) for m in available_methods()], value=self.config.method,
+                                   label="Speculation method", elem_id="method")
+            self.k = gr.Slider(1, MAX_K, value=self.config.k, step=1, label="K (num_speculative_tokens)")
+            self.apply_btn = gr.Button("Apply engine settings", elem_id="apply")
+        return self.unlocked
+
+    def wire(self) -> None:
+        self.apply_btn.click(self.apply, [self.method, self.k, self.unlocked], self.status, api_name="apply")
+        gr.Timer(1.0).tick(self.status_line, None, self.status, api_name="status", show_progress="hidden")
+
+    def status_line(self) -> str:
+        return status_markdown(self.backend)
+
+    async def apply(self, method: str, k_value: float, may: bool) -> str:
+        if refusal := self.presenter.refusal(may):
+            return refusal
+        cfg = replace(self.config, method=method, k=int(k_value))
+        if cfg.k_max is not None:  # live policies stay on, with room for the chosen K
+            cfg.k_max = max(cfg.k_max, cfg.k)
+        try:
+            cfg.validate()
+        except ValueError as e:
+            return f"✕ {e}"
+        self.backend.start(cfg)  # returns at once; the status line shows progress
+        return status_markdown(self.backend)

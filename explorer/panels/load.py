@@ -1,0 +1,86 @@
+"""The load panel: the concurrency slider (real background requests) and the live charts.
+
+Contract: ``LoadPanel(backend)``; ``build_controls()`` adds the "Background load" accordion (slider 0..the
+backend's ``max_background`` requests kept in flight, closed loop, and the
+readout), ``build_chart()`` the live chart of the whole server over the last
+``WINDOW_S`` seconds; ``wire(page, step_times)`` connects them (``step_times``
+is the ``gr.State`` of this page's foreground steps as (monotonic t, tokens
+emitted), drawn as the foreground's tokens/s): a slider change asks the
+backend for this session's share, a 1 s timer redraws the chart and the
+readout (and keeps the session's load alive), closing the page releases it.
+
+API names: /set_load (requests) -> readout; /live (step times) -> (figure, readout).
+"""
+
+from __future__ import annotations
+
+import time
+
+import gradio as gr
+import plotly.graph_objects as go
+from gradio.components import Component
+
+from engine_adapter.service.backend import Backend
+from explorer.views.live_charts import (
+    WINDOW_S,
+    bin_steps,
+    foreground_rate,
+    live_chart_frame,
+    live_figure,
+)
+from explorer.views.status import load_readout_markdown
+
+# The slider's top where the backend cannot add load (a replay): its max_background is the
+# recorded peak, and the slider keeps the live range so any value reaches the replay's note.
+NO_LOAD_CONTROL_MAX = 64
+
+
+def slider_max(backend: Backend) -> int:
+    return backend.max_background if backend.capabilities.background_load else NO_LOAD_CONTROL_MAX
+
+
+class LoadPanel:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.max_background = slider_max(backend)
+
+    def build_controls(self) -> None:
+        with gr.Accordion("Background load", open=True):
+            self.load = gr.Slider(0, self.max_background, value=0, step=1, elem_id="load",
+                                  label="Concurrent background requests (closed loop, preset prompts)")
+            self.readout = gr.Markdown("No background load.", elem_id="load-readout")
+
+    def build_chart(self) -> None:
+        gr.Markdown(f"## Live engine (whole server, last {WINDOW_S / 60:g} minutes)")
+        self.live = gr.Plot(live_figure(bin_steps([], 0.0)), show_label=False, elem_id="live-charts")
+
+    def wire(self, page: gr.Blocks, step_times: gr.State) -> None:
+        # change (not release) so a typed number counts too; always_last coalesces a drag
+        self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
+        gr.Timer(1.0).tick(self.refresh, step_times, [self.live, self.readout], api_name="live",
+                           show_progress="hidden")
+        page.unload(self.leave)  # a closed tab or a reload ends the session: its background load stops
+
+    async def set_load(self, n: float, request: gr.Request) -> str:
+        if self.backend.status().state != "ready":
+            return "The engine is not ready; the load starts once it is."
+        top = self.max_background
+        try:
+            n = float(n)
+        except (TypeError, ValueError):
+            return f"✕ The load must be a number of requests between 0 and {top}; got {n!r}."
+        if not 0 <= n <= top or not n.is_integer():
+            note = f"✕ {n:g} is not a whole number between 0 and {top}: nothing changed. "
+            return note + load_readout_markdown(self.backend, request.session_hash)
+        await self.backend.set_background(int(n), session=request.session_hash)
+        return load_readout_markdown(self.backend, request.session_hash)
+
+    def refresh(self, times: list[tuple[float, int]], request: gr.Request) -> dict[Component, str | go.Figure]:
+        self.backend.touch_session(request.session_hash)  # a page that stops polling loses its load
+        now = time.monotonic()
+        markers = [(t - now, n) for t, n in self.backend.load_changes]
+        figure = live_figure(live_chart_frame(self.backend, now), markers, foreground_rate(times or [], now))
+        return {self.live: figure, self.readout: load_readout_markdown(self.backend, request.session_hash)}
+
+    def leave(self, request: gr.Request) -> None:
+        self.backend.release_background(request.session_hash)

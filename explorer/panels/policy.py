@@ -1,0 +1,184 @@
+"""The "K under load" panel: live K policy, K table editor, cost model, auction grid.
+
+Contract: ``build_policy_panel(page, backend, foreground, k_max, unlocked, presenter)``
+adds its components inside the enclosing ``gr.Blocks`` ``page`` and wires them
+(on load, the controls show the policy in force); ``foreground`` is the
+``gr.State`` holding this page's current request id (to find it in the auction
+grid), ``unlocked`` the presenter state (``explorer.panels.presenter``),
+``k_max`` the engine's most draft tokens per step (the K slider's top).
+The table editor is checked on every edit (``views.k_table.table_check``),
+before any Apply. It talks to the engine only through the ``Backend``
+(``set_policy``, ``profile_cost``, ``policy_view``, ``steps_since``); a backend
+without live policies (an attached server, a replay) shows why instead. The
+auto chart shows the table in force under ``auto``, else
+``policy_view().auto_preview``.
+
+API names: /set_policy (policy, K, table rows) -> status text; /profile;
+/check_edit (table rows) -> the check; /policy_controls -> (policy, K, table)
+as a newly loaded page shows them; /policy_live -> the live figures.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import gradio as gr
+import plotly.graph_objects as go
+from gradio.components import Component
+
+from engine_adapter.service.backend import Backend, PolicySpec
+from explorer.panels.presenter import Presenter
+from explorer.views.k_table import (
+    DEFAULT_TABLE,
+    TABLE_HEADERS,
+    table_check,
+    table_rows,
+    table_value,
+)
+from explorer.views.policy_charts import (
+    auction_figure,
+    auto_figure,
+    operating_point,
+    step_time_figure,
+    table_in_force_markdown,
+)
+from explorer.views.status import policy_status_markdown
+
+if TYPE_CHECKING:
+    from engine_adapter.policy.live_state import PolicyView
+
+POLICY_LABELS = [
+    ("off: K=0 for every batch size", "off"),
+    ("fixed K", "fixed"),
+    ("K table (vLLM's num_speculative_tokens_per_batch_size)", "table"),
+    ("auto table (derived from the measured cost and acceptance)", "auto"),
+    ("slot auction (per request and draft position)", "auction"),
+]
+DEFAULT_FIXED_K = 3
+RECENT_S = 5.0  # seconds of engine steps that make the operating point ("now")
+AUCTION_S = 10.0  # seconds of engine steps searched for the latest auction
+
+
+class PolicyPanel:
+    def __init__(self, backend: Backend, k_max: int, presenter: Presenter) -> None:
+        self.backend = backend
+        self.k_max = k_max
+        self.presenter = presenter
+
+    def build(self) -> None:
+        k_max = self.k_max
+        with gr.Accordion("K under load: live policy, cost model, auto table, slot auction", open=True):
+            with gr.Row():
+                with gr.Column(scale=2, min_width=320):
+                    self.policy = gr.Radio(POLICY_LABELS, value="fixed", label="K policy (applies live, no restart)",
+                                           elem_id="policy")
+                    self.k = gr.Slider(0, max(k_max, 1), value=min(DEFAULT_FIXED_K, k_max), step=1,
+                                       label=f"K for 'fixed K' (this engine drafts at most {k_max})",
+                                       elem_id="policy-k")
+                    self.table = gr.Dataframe(
+                        value=DEFAULT_TABLE, headers=TABLE_HEADERS, column_count=(3, "fixed"),
+                        datatype=["number", "number", "number"], interactive=True,
+                        label="K table: inclusive [start_bs, end_bs, K]; first row starts at 1; gaps inherit; "
+                              "K=0 = no drafts", elem_id="k-table")
+                    self.checked = gr.Markdown(table_check(DEFAULT_TABLE, k_max), elem_id="table-check")
+                    with gr.Row():
+                        self.apply_btn = gr.Button("Apply policy", variant="primary", elem_id="apply-policy")
+                        self.profile_btn = gr.Button("Profile the cost model again", elem_id="profile")
+                    self.said = gr.Markdown("", elem_id="policy-said")  # the answer to this page's last click
+                    self.status = gr.Markdown(policy_status_markdown(self.backend.policy_view()),
+                                              elem_id="policy-status")  # live, for everyone
+                    self.in_force = gr.Markdown("", elem_id="table-in-force")
+                with gr.Column(scale=3, min_width=420):
+                    self.step_plot = gr.Plot(show_label=False, elem_id="step-time")
+            with gr.Row():
+                self.auto_plot = gr.Plot(show_label=False, elem_id="auto-curve")
+                self.auction_plot = gr.Plot(show_label=False, elem_id="auction-grid")
+
+    def wire(self, page: gr.Blocks, foreground: gr.State, unlocked: gr.State) -> None:
+        # the check answers each edit, so an error shows before Apply (and a test can see the edit landed)
+        self.table.change(self.check_edit, self.table, self.checked, api_name="check_edit", show_progress="hidden",
+                          queue=False)
+        # always_last: a click while the last apply still waits for the engine runs after it
+        # (Gradio's default drops it, so a quick "table, then auction" kept the table)
+        self.apply_btn.click(self.apply, [self.policy, self.k, self.table, unlocked], self.said,
+                             api_name="set_policy", trigger_mode="always_last")
+        self.profile_btn.click(self.profile, unlocked, self.said, api_name="profile")
+        page.load(self.controls_in_force, None, [self.policy, self.k, self.table], api_name="policy_controls",
+                  show_progress="hidden")
+        gr.Timer(1.0).tick(self.refresh, foreground,
+                           [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot],
+                           api_name="policy_live", show_progress="hidden")
+
+    async def apply(self, kind: str, k_value: float, rows: Any, may: bool) -> str:
+        if refusal := self.presenter.refusal(may):
+            return refusal
+        try:
+            spec = PolicySpec(kind, int(k_value), table_rows(rows) if kind == "table" else None)
+            state = await self.backend.set_policy(spec)
+        except (ValueError, RuntimeError) as e:
+            return f"✕ {e}"
+        if state is None:
+            return f"Queued: {spec.describe()} applies when profiling ends."
+        return f"✓ Sent to the engine: {spec.describe()} (no restart; the line below says when it ran)."
+
+    def check_edit(self, rows: Any) -> str:
+        v = self.backend.policy_view()
+        return table_check(rows, v.k_max) if v.available else ""  # the status line says why not
+
+    async def profile(self, may: bool) -> str:
+        if refusal := self.presenter.refusal(may):
+            return refusal
+        try:
+            await self.backend.profile_cost()
+        except RuntimeError as e:
+            return f"✕ {e}"
+        return "✓ Profiling started (the line below shows its progress)."
+
+    def controls_in_force(self) -> dict[Component, Any]:
+        """The policy the engine runs, in this page's controls (the policy is engine-wide: another
+        page, or this one before a reload, may have set it); once, on load, so a choice is never undone."""
+        v = self.backend.policy_view()
+        if not v.available or v.state is None:
+            return gr.skip()  # one skip() for every output: nothing in force to show
+        spec = v.state.spec
+        shown: dict[Component, Any] = {self.policy: spec.kind}
+        if spec.kind == "fixed":
+            shown[self.k] = spec.k
+        if spec.kind == "table" and spec.table:
+            shown[self.table] = table_value(spec.table)
+        return shown
+
+    def refresh(self, fg: str | None) -> dict[Component, Any]:
+        v = self.backend.policy_view()
+        now = time.monotonic()
+        recent = self.backend.steps_since(now - RECENT_S)
+        op = operating_point(recent)
+        state = v.state
+        auction_on = state is not None and state.spec.kind == "auction"
+        table_md = table_in_force_markdown(state.table if state else None, op[0] if op else None,
+                                           auction_on, v.k_max) if v.available else ""
+        return {
+            self.status: policy_status_markdown(v),
+            self.in_force: table_md,
+            self.step_plot: step_time_figure(v.cost, recent, v.profiling),
+            self.auto_plot: self._auto_figure(v, op[0] if op else 1),
+            self.auction_plot: auction_figure(self.backend.steps_since(now - AUCTION_S), fg),
+        }
+
+    @staticmethod
+    def _auto_figure(v: PolicyView, batch_size: float) -> go.Figure:
+        """The auto table in force, else what auto would choose now (the backend's preview)."""
+        if v.state is not None and v.state.auto is not None:
+            return auto_figure(v.state.auto, batch_size, "in force now")
+        if v.auto_preview is not None:
+            return auto_figure(v.auto_preview, batch_size, "preview: what 'auto' would choose now (not in force)")
+        return auto_figure(None, batch_size, "")
+
+
+def build_policy_panel(page: gr.Blocks, backend: Backend, foreground: gr.State, k_max: int, unlocked: gr.State,
+                       presenter: Presenter) -> PolicyPanel:
+    panel = PolicyPanel(backend, k_max, presenter)
+    panel.build()
+    panel.wire(page, foreground, unlocked)
+    return panel

@@ -1,0 +1,166 @@
+"""The run panel: prompt and presets, Run/Stop, the token view, the request card, the lossless check.
+
+Contract: ``RunPanel(backend, presets, max_tokens, temperature)``;
+``build_prompt()`` adds the preset dropdown, the prompt box and Run/Stop,
+``build_generation()`` the temperature and max-tokens sliders,
+``build_outputs()`` the token view, the request card with its two charts, the
+lossless check and the request's trace, and this page's state: ``last`` (the
+last ``RequestResult``), ``step_times`` ((monotonic t, tokens emitted) per
+foreground step, for the live chart) and ``request_id`` (for the auction grid).
+``wire()`` connects them. Run streams: the token view updates at every engine
+step of the request (``Backend.stream``); on a replay Run plays the recorded
+request for the prompt (``Backend.replay_prompt``). Refusals and errors show in
+the token view, never as exceptions.
+
+API names: /run (prompt, temperature, max tokens) -> (token view, card,
+histogram, positions, trace) streamed; /lossless (temperature) -> (verdict,
+text with speculation, text without); /pick (preset label) -> prompt.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import gradio as gr
+from gradio.components import Component
+
+from engine_adapter.prompts import Preset
+from engine_adapter.records import RequestResult, Step
+from engine_adapter.service.backend import Backend
+from engine_adapter.trace.format import request_line
+from explorer.components import TokenView
+from explorer.views.input_checks import MAX_TOKENS, check_run
+from explorer.views.lossless import compare, verdict_markdown
+from explorer.views.presets import preset_choices, presets_by_label
+from explorer.views.request_card import card_markdown, histogram_figure, position_figure
+from explorer.views.token_view import token_view_value
+
+Updates = dict[Component, Any]
+SLIDER_MAX_TEMPERATURE = 1.5  # the page's slider; API callers may go up to input_checks.MAX_TEMPERATURE
+
+
+class RunPanel:
+    def __init__(self, backend: Backend, presets: Sequence[Preset], max_tokens: int, temperature: float) -> None:
+        self.backend = backend
+        self.presets = list(presets)
+        self.by_label = presets_by_label(self.presets)
+        self.default_max_tokens = max_tokens
+        self.default_temperature = temperature
+
+    # --- layout -----------------------------------------------------------------
+    def build_prompt(self) -> gr.Textbox:
+        self.preset = gr.Dropdown(preset_choices(self.presets), label="Preset (by task)", value=None)
+        self.prompt = gr.Textbox(label="Prompt", lines=5, max_lines=20, elem_id="prompt",
+                                 placeholder="Type a prompt or pick a preset")
+        with gr.Row():
+            self.run_btn = gr.Button("Run", variant="primary", elem_id="run")
+            self.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+        return self.prompt
+
+    def build_generation(self) -> None:
+        with gr.Accordion("Generation", open=True):
+            self.temperature = gr.Slider(0.0, SLIDER_MAX_TEMPERATURE, value=self.default_temperature, step=0.05,
+                                         label="Temperature")
+            self.max_tokens = gr.Slider(8, MAX_TOKENS, value=self.default_max_tokens, step=8, label="Max tokens")
+
+    def build_outputs(self) -> None:
+        self.view = TokenView(elem_id="token-view")
+        self.card = gr.Markdown(card_markdown(None), elem_id="request-card")
+        with gr.Row():
+            self.hist = gr.Plot(histogram_figure(None), show_label=False)
+            self.pos = gr.Plot(position_figure(None), show_label=False)
+        with gr.Accordion("Lossless check: the same prompt with speculation off", open=False):
+            self.check_btn = gr.Button("Run the check", elem_id="lossless")
+            self.verdict = gr.Markdown("", elem_id="verdict")
+            with gr.Row():
+                self.spec_text = gr.Textbox(label="with speculation", lines=8, interactive=False)
+                self.plain_text = gr.Textbox(label="speculation off", lines=8, interactive=False)
+        with gr.Accordion("This request's trace (the recorder's JSON)", open=False):
+            self.trace = gr.JSON(elem_id="trace", show_label=False)
+        self.last = gr.State(None)  # this page's last RequestResult
+        self.step_times = gr.State([])  # (t, tokens) of this page's foreground steps
+        self.request_id = gr.State(None)  # this page's current request id (to find it in the auction grid)
+
+    def wire(self) -> None:
+        self.preset.change(self.pick, self.preset, self.prompt, api_name="pick")
+        inputs = [self.prompt, self.temperature, self.max_tokens]
+        outputs = [self.view, self.card, self.hist, self.pos, self.last, self.step_times, self.trace,
+                   self.request_id]
+        run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run")
+        self.prompt.submit(self.run, inputs, outputs, api_name=False)
+        self.stop_btn.click(None, None, None, cancels=[run_event])
+        self.check_btn.click(self.check, [self.last, self.temperature],
+                             [self.verdict, self.spec_text, self.plain_text], api_name="lossless")
+
+    # --- handlers ----------------------------------------------------------------
+    def pick(self, label: str | None) -> str:
+        # a single output: skip() leaves the prompt as it is when the dropdown is cleared
+        return self.by_label[label].prompt if label in self.by_label else gr.skip()
+
+    async def run(self, text: str, temp: float, n_tokens: float) -> AsyncIterator[Updates]:
+        # a replay plays the recorded request for this prompt, or the next one (live: the prompt itself)
+        text = self.backend.replay_prompt(text or "")
+        problem = check_run(text, temp, n_tokens) or self._not_ready()
+        if problem:
+            yield {self.view: token_view_value([], message=problem, level="warn")}
+            return
+        async for updates in self._stream(text, int(n_tokens), float(temp)):
+            yield updates
+
+    def _not_ready(self) -> str | None:
+        if self.backend.status().state != "ready":
+            return "The engine is not ready yet: see the status line above."
+        return None
+
+    async def _stream(self, text: str, n_tokens: int, temp: float) -> AsyncIterator[Updates]:
+        steps: list[Step] = []
+        times: list[tuple[float, int]] = []
+        rid = uuid.uuid4().hex
+        try:
+            async for item in self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid):
+                if isinstance(item, Step):
+                    steps.append(item)
+                    times.append((item.t, len(item.emitted)))
+                    yield {self.view: token_view_value(steps, streaming=True, prompt=text),
+                           self.card: card_markdown(None, steps), self.step_times: times, self.request_id: rid}
+                elif isinstance(item, RequestResult):
+                    yield self._finished(item, text, times)
+        except Exception as e:  # noqa: BLE001 -- any failure: the page says what went wrong, keeps what streamed
+            what = "The request ended early" if steps else "The engine refused the request"
+            yield {self.view: token_view_value(steps, prompt=text, message=f"{what}: {e}", level="error"),
+                   self.step_times: times}
+
+    def _finished(self, result: RequestResult, text: str, times: list[tuple[float, int]]) -> Updates:
+        footer = f"{len(result.token_ids)} tokens, {len(result.steps)} engine steps"
+        return {
+            self.view: token_view_value(result.steps, prompt=text, footer=footer),
+            self.card: card_markdown(result),
+            self.hist: histogram_figure(result),
+            self.pos: position_figure(result),
+            self.last: result,
+            self.step_times: times,
+            self.trace: request_line(result),
+            self.request_id: result.request_id,
+        }
+
+    async def check(self, result: RequestResult | None, temp: float) -> AsyncIterator[Updates]:
+        """The same prompt with speculation off (a second engine), compared token for token."""
+        if result is None:
+            yield {self.verdict: "Run a prompt first; the check repeats it with speculation off."}
+            return
+        yield {self.verdict: "Running the same prompt with speculation off (the first check starts a second "
+                             "engine, about half a minute)…", self.spec_text: result.text, self.plain_text: ""}
+        plain = None
+        try:
+            async for item in self.backend.stream(result.prompt, max_tokens=len(result.token_ids),
+                                                  temperature=float(temp), reference=True):
+                if isinstance(item, RequestResult):
+                    plain = item
+        except Exception as e:  # noqa: BLE001 -- any failure: the page says why the check did not run
+            yield {self.verdict: f"The check could not run: {e}"}
+            return
+        verdict = compare(result, plain, float(temp))
+        yield {self.verdict: verdict_markdown(verdict, result, plain), self.spec_text: result.text,
+               self.plain_text: plain.text}

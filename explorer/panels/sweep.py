@@ -1,0 +1,66 @@
+"""The sweep panel: speedup versus concurrency per policy, shipped sweeps or one's own CSV.
+
+Contract: ``build_sweep_panel(sweep_dir)`` adds, inside the enclosing
+``gr.Blocks``, an accordion with the sweeps shipped in ``sweep_dir``
+(``engine_adapter.package_data.sweeps_dir()``, the index's first shown on
+load) and an upload for a CSV written by ``python -m engine_adapter.sweep``.
+API name: /sweep (a shipped file's name) -> (message, figure, table).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+from gradio.components import Component
+
+from explorer.views.sweep_figure import shipped_sweeps, show
+
+
+class SweepPanel:
+    def __init__(self, sweep_dir: Path) -> None:
+        self.sweep_dir = sweep_dir
+        self.shipped = shipped_sweeps(sweep_dir)
+        self.about = {s.path.name: s.about for s in self.shipped}
+
+    def build(self) -> None:
+        first_name = self.shipped[0].path.name if self.shipped else None
+        with gr.Accordion("Sweep: speedup versus concurrency per policy (python -m engine_adapter.sweep)",
+                          open=False):
+            gr.Markdown("Measured by `python -m engine_adapter.sweep` on a live engine; pick a sweep shipped "
+                        "with the explorer (made on the machine named in its file name; the first is the sweep "
+                        "of record) or upload your own CSV.")
+            with gr.Row():
+                self.pick = gr.Dropdown([s.path.name for s in self.shipped], value=first_name,
+                                        label="Shipped sweeps", elem_id="sweep-pick")
+                self.upload = gr.File(label="…or your sweep CSV", file_types=[".csv"], elem_id="sweep-upload")
+            message, fig, table = self._shipped(first_name) if first_name else ("No sweep shipped yet.", None, None)
+            self.message = gr.Markdown(message)
+            self.plot = gr.Plot(fig, show_label=False, elem_id="sweep-plot")
+            self.table = gr.Dataframe(table, interactive=False, elem_id="sweep-table")
+        outputs = [self.message, self.plot, self.table]
+        self.pick.change(self.show_shipped, self.pick, outputs, api_name="sweep")
+        self.upload.upload(self.show_upload, self.upload, outputs, api_name=False)
+
+    def _shipped(self, name: str | None) -> tuple[str, Any, Any]:
+        """A shipped sweep, with the index's line about it."""
+        message, fig, table = show(self.sweep_dir / name if name else None)
+        if self.about.get(name) and fig is not None:
+            message = f"{self.about[name]}\n\n{message}"
+        return message, fig, table
+
+    def _outputs(self, shown: tuple[str, Any, Any]) -> dict[Component, Any]:
+        return dict(zip([self.message, self.plot, self.table], shown))
+
+    def show_shipped(self, name: str | None) -> dict[Component, Any]:
+        return self._outputs(self._shipped(name))
+
+    def show_upload(self, path: str | None) -> dict[Component, Any]:
+        return self._outputs(show(path))
+
+
+def build_sweep_panel(sweep_dir: Path) -> SweepPanel:
+    panel = SweepPanel(sweep_dir)
+    panel.build()
+    return panel

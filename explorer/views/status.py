@@ -1,0 +1,148 @@
+"""The page's status lines: the engine, a replay, the K policy, the background load.
+
+Contract: Markdown text from a ``Backend`` (engine_adapter.service.backend) or
+its records, nothing else:
+- ``status_markdown(backend)``: the line under the title (state, config, start
+  progress, a fault being recovered from; a replay's position instead);
+- ``replay_status_markdown(info)``: that line for a ``ReplayInfo`` (file,
+  recorded config, position and length in m:ss, speed);
+- ``policy_status_markdown(view)``: the K policy in force, the cost model,
+  profiling progress, for a ``PolicyView``;
+- ``load_readout_markdown(backend, session)``: one session's background load
+  against everyone's (requests in flight, tokens per second) and the requests
+  running in the engine.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from engine_adapter.service.backend import Backend, ReplayInfo, ServiceStatus
+
+if TYPE_CHECKING:
+    from engine_adapter.policy.live_state import PolicyView
+
+BAR_CELLS = 20  # characters of the start-progress bar
+RUNNING_WINDOW_S = 2.0  # "requests running in the engine": the largest batch in this many seconds
+
+
+def status_markdown(backend: Backend) -> str:
+    if (info := backend.replay_info) is not None:  # a recorded session, no engine
+        return replay_status_markdown(info)
+    st = backend.status()
+    what = _config_text(st)
+    if st.state == "ready":
+        profiling = backend.policy_view().profiling
+        if profiling:  # K is switched while it runs: say so where everyone looks
+            return (f"● **Engine ready** ({what}) at `{st.url}`. ◐ Measuring the cost model for K policies: "
+                    f"{profiling}. Requests run meanwhile, under the K being measured.")
+        # the watchdog brought it back (engine_adapter/service/watchdog.py)
+        return f"● **Engine ready** ({what}) at `{st.url}`." + (
+            f" Restarted by itself after: {st.fault}." if st.fault else "")
+    if st.state == "starting":
+        return _starting_markdown(st, what)
+    if st.state == "restarting":  # dead or hung; requests in flight ended with this message
+        return f"⚠ **Engine down, restarting:** {st.error}"
+    if st.state == "failed":
+        return f"✕ **Engine {'down' if st.fault else 'failed to start'}:** {st.error}"
+    return f"○ Engine {st.state}."
+
+
+def _config_text(st: ServiceStatus) -> str:
+    cfg = st.config
+    if st.attached:
+        return "attached server"
+    if cfg is None:
+        return ""
+    return f"method **{cfg.method}**, K={cfg.k}" + (f", K table {cfg.k_table}" if cfg.k_table else "")
+
+
+def _starting_markdown(st: ServiceStatus, what: str) -> str:
+    p = st.progress
+    frac = p.fraction if p else 0.0
+    filled = int(frac * BAR_CELLS)
+    bar = "█" * filled + "░" * (BAR_CELLS - filled)
+    message = p.message if p else ""
+    if st.fault:
+        return f"◐ **Engine restarting after a fault** ({what}): `{bar}` {frac:.0%} — {message}. Cause: {st.fault}"
+    return f"◐ **Engine starting** ({what}): `{bar}` {frac:.0%} — {message}"
+
+
+def _clock(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 60}:{s % 60:02d}"
+
+
+def recorded_config_text(header: dict[str, Any]) -> str:
+    method = header.get("method") or "?"
+    parts = [f"method **{method}**"]
+    if method not in ("off", "attach") and header.get("k") is not None:
+        parts.append(f"K={header['k']}")
+    if header.get("k_table"):
+        parts.append(f"K table {header['k_table']}")
+    target = (header.get("config") or {}).get("target") or header.get("target")
+    if target:
+        parts.append(f"target `{target}`")
+    if header.get("draft"):
+        parts.append(f"draft `{header['draft']}`")
+    return ", ".join(parts)
+
+
+def replay_status_markdown(info: ReplayInfo) -> str:
+    h = info.header
+    when = h.get("started_at") or "?"
+    line = (f"▶ **Replay** of `{info.name}` (recorded {when} with vLLM {h.get('vllm_version') or '?'}; "
+            f"{recorded_config_text(h)}) at **{info.speed:g}x**: **{_clock(info.position_s)}** of "
+            f"{_clock(info.duration_s)}" + (f", loop {info.loop + 1}" if info.loop else "") +
+            f"; recorded background load **{info.load}**. No engine is running: every number on this page "
+            "is the recording's.")
+    if info.note:
+        line += f"\n\nⓘ {info.note}"
+    return line
+
+
+def policy_status_markdown(v: PolicyView) -> str:
+    if not v.available:
+        return f"Live K policies are not available here: {v.why_not}."
+    parts = []
+    if v.state is not None:
+        applied = (f"applied at engine step {v.applied_seq}" if v.applied_seq
+                   else "sent; the engine applies it at its next step")
+        parts.append(f"**In force:** {v.state.spec.describe()} ({applied}).")
+    if v.profiling:
+        parts.append(f"◐ **Profiling the cost model:** {v.profiling}. A policy chosen now applies when it ends.")
+    elif v.cost is not None:
+        source = "measured now" if v.cost_source == "profiled" else "measured earlier on this machine (cache)"
+        parts.append(f"Cost model: {source}, {len(v.cost.points)} cells, "
+                     f"knee ≈ {v.cost.knee_tokens:.0f} tokens per step.")
+    if v.error:
+        parts.append(f"✕ {v.error}")
+    return " ".join(parts)
+
+
+def _engine_running_markdown(backend: Backend) -> str:
+    last_steps = backend.steps_since(time.monotonic() - RUNNING_WINDOW_S)
+    running = max((s.batch_size for s in last_steps), default=0)
+    if backend.status().attached and backend.prom_history():
+        running = int(backend.prom_history()[-1].running)
+    engine = f"Requests running in the engine: **{running}**."
+    if backend.policy_view().profiling:  # its requests are in that count
+        engine += " The cost model is being measured meanwhile: its requests count here too."
+    return engine
+
+
+def load_readout_markdown(backend: Backend, session: str) -> str:
+    st = backend.background_stats()
+    share = backend.background_share(session)
+    engine = _engine_running_markdown(backend)
+    if st is None or (share.total == 0 and st.in_flight == 0):
+        return f"No background load. {engine}"
+    mine = (f"Your background load: **{share.asked}** requested, **{share.granted}** granted"
+            if share.asked else "You ask for no background load")
+    shared = (f" (the cap of {share.cap} is shared by {share.sessions} session"
+              f"{'s' if share.sessions != 1 else ''})")
+    err = f" Last error: {st.last_error}" if st.last_error else ""
+    return (f"{mine}{shared}. All sessions: **{st.in_flight}** in flight, {st.completed} done, "
+            f"{st.failed} failed; **{backend.background_tokens_per_second():.1f} tokens/s**. "
+            f"{engine}{err}")
