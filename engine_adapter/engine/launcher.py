@@ -32,6 +32,7 @@ from pathlib import Path
 import httpx
 
 from engine_adapter.engine_config import EngineConfig
+from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine.resources import NotEnoughResources, check_resources
 from engine_adapter.engine.supervise import group_members
@@ -107,8 +108,8 @@ def engine_env(config: EngineConfig, tap_addr: str | None, control_addr: str | N
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     if config.reserved_cpus is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.reserved_cpus)
-    # the engine core must import engine_adapter.vllm_plugin.schedulers
-    root = str(Path(__file__).resolve().parent.parent)
+    # the engine core must import engine_adapter.vllm_plugin (its schedulers and worker)
+    root = str(PROJECT_ROOT)
     env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)
     env.pop(TAP_ADDR_ENV, None)
     env.pop(CONTROL_ADDR_ENV, None)
