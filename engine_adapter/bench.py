@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = asyncio.run(bench(BenchSettings(**vars(args))))
     print_table(rows)
-    print(json.dumps({"machine": "see README", "rows": rows}))
+    print(json.dumps({"machine": "see docs/benchmarks.md", "rows": rows}))
     return 0
 
 

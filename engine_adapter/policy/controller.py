@@ -5,7 +5,7 @@ into control-channel commands for the scheduler tap and remembers what is in
 force:
 
 - ``off``: K=0 for every batch size (the drafter, if a model, still runs;
-  see DESIGN §4: judge it against an engine started with speculation off);
+  docs/k-policies.md: judge it against an engine started with speculation off);
 - ``fixed``: K for every batch size;
 - ``table``: vLLM's ``num_speculative_tokens_per_batch_size`` rows;
 - ``auto``: the table ``k_policy.derive_auto_table`` derives from the cost

@@ -57,7 +57,7 @@ class CostModel:
 
     def draft_cost_s(self, batch_size: int, k: int) -> float:
         """The drafter's passes that depend on K: the first (yielding the first draft; vLLM's
-        drafter runs it at K=0 too, to keep its KV cache in step, DESIGN §4, an idle one
+        drafter runs it at K=0 too, to keep its KV cache in step (docs/k-policies.md); an idle one
         does not) and one more sequential pass per further position."""
         first = (self.first_s + self.first_s_per_req * batch_size) if k > 0 else 0.0
         return first + max(k - 1, 0) * (self.draft_s + self.draft_s_per_req * batch_size)

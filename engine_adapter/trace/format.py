@@ -1,7 +1,6 @@
 """Session traces: a whole explorer session as JSONL, written and read back.
 
-Contract: a session trace extends the recorder's trace format (README, "Trace
-format"); one JSON object per line, every ``t`` in seconds since the session
+Contract: a session trace extends the recorder's trace format (docs/trace-format.md); one JSON object per line, every ``t`` in seconds since the session
 started (the moment the engine was first ready), floats rounded:
 
 - ``{"type": "run", "session": true, ...}``: first line; the engine config,

@@ -2,8 +2,8 @@
 
 vLLM runs a draft model's first pass every step, whatever K the batch-size
 table gives, so that the drafter's KV cache keeps up with the target's and it
-can resume drafting at any moment (DESIGN §4: K = 0 did not give the draft
-model's cost back; on this CPU it cost 25-30 % against no speculation). This
+can resume drafting at any moment (measured: K = 0 did not give the draft
+model's cost back, docs/k-policies.md; on this CPU it cost 25-30 % against no speculation). This
 module trades that readiness for the cost:
 
 - the worker (``IdleDrafterWorker``, loaded inside vLLM's worker process with
