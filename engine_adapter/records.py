@@ -138,7 +138,7 @@ class SlotBid:
     """One request's draft slots in a slot-auction step."""
 
     request_id: str  # ours (the client's), not the engine's
-    scores: tuple[float, ...]  # survival probability of draft positions 1..L (calibrated, k_policy.SlotEstimator)
+    scores: tuple[float, ...]  # survival probability of draft positions 1..L (calibrated, acceptance.SlotEstimator)
     admitted: int  # positions admitted for verification (a prefix), 0..L
 
 

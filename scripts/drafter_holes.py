@@ -3,7 +3,7 @@
     .venv/bin/python scripts/drafter_holes.py [--prompts FILE] [--category code,story] [--gaps 0,2,8,24]
         [--start 15] [--max-tokens 256] [--window 96] [--out steps.json]
 
-Why: with the idle drafter (``engine_adapter/idle_drafter.py``) a request that
+Why: with the idle drafter (``engine_adapter/vllm_plugin/idle_drafter.py``) a request that
 lives through a K=0 step has holes in the draft model's KV cache, and the
 scheduler tap stops drafting for it for good. This measures what that rule
 gives up: the same requests are run again, once under a scheduler that lets

@@ -69,7 +69,7 @@ class EngineService:
         self._bg_prompts = list(background_prompts)
         self.max_background = max_background
         self.background_max_tokens = background_max_tokens
-        # each browser session's ask; the cap is shared fairly (engine_adapter/load_share.py)
+        # each browser session's ask; the cap is shared fairly (service/fair_share.py)
         self._sessions = SessionLoads(cap=max_background, idle_s=session_idle_s)
         self._history_s = history_s
         self._steps: collections.deque[EngineStep] = collections.deque()
