@@ -14,8 +14,7 @@ import pytest
 
 from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
-from engine_adapter.sweep import (COLUMNS, EXTRA_COLUMNS, Policy, Run, acceptance_per_text, k_needed,
-                                  parse_policy, row_from_runs, window_rate)
+from engine_adapter.measure.sweep_runs import COLUMNS, EXTRA_COLUMNS, Policy, Run, acceptance_per_text, k_needed, parse_policy, row_from_runs, window_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLE = [(1, 2, 3), (3, 64, 0)]
