@@ -29,9 +29,9 @@ from engine_adapter.engine.supervise import group_members
 from engine_adapter.engine.token_text import load_tokenizer
 from engine_adapter.service.watchdog import Backoff, HealthJudge, WatchdogSettings, backoff_delay, describe_exit
 from explorer.views.status import status_markdown
-from tests.conftest import tiny_config
+from tests.support.fixtures import tiny_config
 from tests.support.app_process import start_app, wait_ready
-from tests.test_launcher import processes_mentioning, wait_gone
+from tests.support.processes import processes_mentioning, wait_gone
 
 
 

@@ -18,36 +18,11 @@ from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.launcher import EngineProcess, EngineStartError
 from engine_adapter.provenance import kinds_for_step
 from engine_adapter.engine.supervise import group_members
-from tests.conftest import tiny_config
-from tests.test_engine_tiny import PROMPTS, check_invariants, run
+from tests.support.fixtures import tiny_config
+from tests.support.engine_checks import PROMPTS, check_invariants, run
+from tests.support.processes import wait_gone
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def processes_mentioning(needle: str) -> list[int]:
-    """PIDs whose command line contains ``needle`` (this test process excluded)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if needle in cmd and state != "Z":
-            found.append(int(entry))
-    return found
-
-
-def wait_gone(needle: str, timeout_s: float = 30.0) -> list[int]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        left = processes_mentioning(needle)
-        if not left:
-            return []
-        time.sleep(0.5)
-    return processes_mentioning(needle)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +82,7 @@ def test_engine_dies_with_a_killed_app(tiny, tmp_path):
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
         from engine_adapter.engine.launcher import EngineProcess
-        from tests.conftest import tiny_config
+        from tests.support.fixtures import tiny_config
         from tests.support.tiny_models import TinyFamily
         fam = TinyFamily(*(Path(p) for p in {[str(tiny.target), str(tiny.same), str(tiny.random), str(tiny.perturbed)]!r}))
         proc = EngineProcess(tiny_config(fam, "off"), resolve=Path)

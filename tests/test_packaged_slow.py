@@ -6,7 +6,7 @@ import pytest
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
-from tests.test_engine_tiny import check_invariants, run
+from tests.support.engine_checks import check_invariants, run
 
 pytestmark = pytest.mark.slow
 

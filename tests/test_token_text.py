@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter.engine.token_text import IncrementalText, draft_text, load_tokenizer
-from tests.support.tiny_models import _train_tokenizer
+from tests.support.tiny_models import train_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("tiny-tokenizer")
-    _train_tokenizer(out)  # only the tokenizer: no model weights needed here
+    train_tokenizer(out)  # only the tokenizer: no model weights needed here
     return load_tokenizer(out)  # loaded from disk, as the client does
 
 

@@ -51,7 +51,7 @@ class TinyFamily:
     perturbed: Path
 
 
-def _train_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
+def train_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -112,7 +112,7 @@ def build_tiny_family(root: Path, noise: float = 0.05) -> TinyFamily:
         return paths
     root.mkdir(parents=True, exist_ok=True)
     tok_dir = root / "tokenizer"
-    tokenizer = _train_tokenizer(tok_dir)
+    tokenizer = train_tokenizer(tok_dir)
     config = _config(tokenizer)
 
     torch.manual_seed(0)

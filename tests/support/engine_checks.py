@@ -1,0 +1,54 @@
+"""Helpers for tests on a real engine: run one request to its end, check the trace invariants."""
+
+from __future__ import annotations
+
+from engine_adapter.provenance import kinds_for_step
+from engine_adapter.records import RequestResult, Step
+
+PROMPTS = [
+    "def add(a, b):",
+    "The quick brown fox",
+    "for i in range(10):",
+    "Once upon a time there was",
+]
+
+
+async def run(engine, prompt: str, max_tokens: int = 40, temperature: float = 0.0):
+    steps: list[Step] = []
+    result = None
+    async for item in engine.client.generate(prompt, max_tokens=max_tokens, temperature=temperature):
+        if isinstance(item, Step):
+            steps.append(item)
+        else:
+            result = item
+    assert isinstance(result, RequestResult)
+    assert [s.emitted for s in steps] == [s.emitted for s in result.steps], "streamed = final steps"
+    return result
+
+
+def check_invariants(r: RequestResult) -> None:
+    """The trace invariants of the issue, for one request."""
+    assert [i for s in r.steps for i in s.emitted] == r.token_ids
+    assert r.steps[0].num_drafted == 0 and r.kinds[0] == "prefill"
+    kinds = []
+    for s in r.steps:
+        if s.drafted is not None:
+            assert s.num_drafted == len(s.drafted)
+            # the accepted prefix of the step is exactly its drafts
+            # (a stop may cut the step short: fewer emitted than accepted + 1)
+            n = min(s.accepted, len(s.emitted))
+            assert s.emitted[:n] == s.drafted[:n]
+            if s.accepted < s.num_drafted and len(s.emitted) > s.accepted:
+                # the recovered token is never the draft it replaced
+                assert s.emitted[s.accepted] != s.drafted[s.accepted]
+            assert [t.id for t in s.rejected] == s.drafted[s.accepted :]
+        # (num_drafted may exceed the K in force for one step after a live K change:
+        # vLLM's async scheduler sizes draft placeholders from the previous step)
+        assert 0 <= s.accepted <= s.num_drafted
+        kinds += kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted))
+    assert kinds == r.kinds
+    assert len(r.kinds) == len(r.token_ids)
+    if r.spec_decode_metrics is not None:
+        # per-step accepted/drafted (and everything derived) equal vLLM's own
+        assert r.tap_metrics.to_dict() == r.spec_decode_metrics
+
