@@ -13,6 +13,7 @@ API names: /apply (method, K, unlocked) -> status line; /status -> status line.
 from __future__ import annotations
 
 from dataclasses import replace
+from types import MappingProxyType
 
 import gradio as gr
 
@@ -21,8 +22,8 @@ from engine_adapter.service.backend import Backend
 from explorer.panels.presenter import Presenter, build_presenter_box
 from explorer.views.status import status_markdown
 
-METHOD_LABELS = {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)",
-                 "draft": "draft model", "suffix": "suffix tree"}
+METHOD_LABELS = MappingProxyType({"off": "off (no speculation)", "ngram": "ngram (prompt lookup)",
+                                  "draft": "draft model", "suffix": "suffix tree"})
 MAX_K = 8  # the K slider's top (EngineConfig.validate allows more)
 
 

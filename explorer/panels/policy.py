@@ -48,13 +48,13 @@ from explorer.views.status import policy_status_markdown
 if TYPE_CHECKING:
     from engine_adapter.policy.live_state import PolicyView
 
-POLICY_LABELS = [
+POLICY_LABELS = (
     ("off: K=0 for every batch size", "off"),
     ("fixed K", "fixed"),
     ("K table (vLLM's num_speculative_tokens_per_batch_size)", "table"),
     ("auto table (derived from the measured cost and acceptance)", "auto"),
     ("slot auction (per request and draft position)", "auction"),
-]
+)
 DEFAULT_FIXED_K = 3
 RECENT_S = 5.0  # seconds of engine steps that make the operating point ("now")
 AUCTION_S = 10.0  # seconds of engine steps searched for the latest auction
@@ -71,13 +71,13 @@ class PolicyPanel:
         with gr.Accordion("K under load: live policy, cost model, auto table, slot auction", open=True):
             with gr.Row():
                 with gr.Column(scale=2, min_width=320):
-                    self.policy = gr.Radio(POLICY_LABELS, value="fixed", label="K policy (applies live, no restart)",
-                                           elem_id="policy")
+                    self.policy = gr.Radio(list(POLICY_LABELS), value="fixed", elem_id="policy",
+                                           label="K policy (applies live, no restart)")
                     self.k = gr.Slider(0, max(k_max, 1), value=min(DEFAULT_FIXED_K, k_max), step=1,
                                        label=f"K for 'fixed K' (this engine drafts at most {k_max})",
                                        elem_id="policy-k")
                     self.table = gr.Dataframe(
-                        value=DEFAULT_TABLE, headers=TABLE_HEADERS, column_count=(3, "fixed"),
+                        value=table_value(DEFAULT_TABLE), headers=list(TABLE_HEADERS), column_count=(3, "fixed"),
                         datatype=["number", "number", "number"], interactive=True,
                         label="K table: inclusive [start_bs, end_bs, K]; first row starts at 1; gaps inherit; "
                               "K=0 = no drafts", elem_id="k-table")

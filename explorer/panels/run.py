@@ -127,7 +127,7 @@ class RunPanel:
                            self.card: card_markdown(None, steps), self.step_times: times, self.request_id: rid}
                 elif isinstance(item, RequestResult):
                     yield self._finished(item, text, times)
-        except Exception as e:  # noqa: BLE001 -- any failure: the page says what went wrong, keeps what streamed
+        except Exception as e:  # the page says what went wrong, and keeps what streamed
             what = "The request ended early" if steps else "The engine refused the request"
             yield {self.view: token_view_value(steps, prompt=text, message=f"{what}: {e}", level="error"),
                    self.step_times: times}
@@ -158,7 +158,7 @@ class RunPanel:
                                                   temperature=float(temp), reference=True):
                 if isinstance(item, RequestResult):
                     plain = item
-        except Exception as e:  # noqa: BLE001 -- any failure: the page says why the check did not run
+        except Exception as e:  # any failure: the page says why the check did not run
             yield {self.verdict: f"The check could not run: {e}"}
             return
         verdict = compare(result, plain, float(temp))

@@ -19,13 +19,15 @@ import pandas as pd
 
 from engine_adapter.engine_config import KTable, check_table
 
-TABLE_HEADERS = ["start_bs", "end_bs", "K"]
-DEFAULT_TABLE = [[1, 2, 3], [3, 4, 1], [5, 64, 0]]
+TABLE_HEADERS = ("start_bs", "end_bs", "K")
+DEFAULT_TABLE: KTable = ((1, 2, 3), (3, 4, 1), (5, 64, 0))  # what the editor starts with
 MAX_TABLE_ROWS = 64
 
 
 def _blank(cell: Any) -> bool:
-    return cell is None or (isinstance(cell, str) and not cell.strip()) or (isinstance(cell, float) and math.isnan(cell))
+    if isinstance(cell, str):
+        return not cell.strip()
+    return cell is None or (isinstance(cell, float) and math.isnan(cell))
 
 
 def _whole(name: str, cell: Any, row: int) -> int:

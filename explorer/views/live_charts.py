@@ -20,7 +20,6 @@ bin), tokens per second, tokens per request-step.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
 
 WINDOW_S = 180.0  # seconds of history every live chart (and its CSV) shows
 BIN_S = 2.0  # seconds per bin
-POSITION_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
+POSITION_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
 def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = WINDOW_S,
@@ -91,34 +90,34 @@ def live_figure(df: pd.DataFrame, markers: Sequence[tuple[float, int]] = (),
     )
     if not df.empty:
         t = df["t"]
-        fig.add_scatter(x=t, y=df["k"], name="K in force", line={"shape": "hv", "color": "#444"}, row=1, col=1)
-        fig.add_scatter(x=t, y=df["effective_k"], name="effective K", line={"color": "#1f77b4"}, row=1, col=1)
-        fig.add_scatter(x=t, y=df["batch"], name="batch size", line={"color": "#aaa", "dash": "dot"},
+        fig.add_scatter(x=t, y=df["k"], name="K in force", line=dict(shape="hv", color="#444"), row=1, col=1)
+        fig.add_scatter(x=t, y=df["effective_k"], name="effective K", line=dict(color="#1f77b4"), row=1, col=1)
+        fig.add_scatter(x=t, y=df["batch"], name="batch size", line=dict(color="#aaa", dash="dot"),
                         row=1, col=1, secondary_y=True)
-        fig.add_scatter(x=t, y=df["tokens_per_step"], name="tokens / request-step", line={"color": "#2ca02c"},
+        fig.add_scatter(x=t, y=df["tokens_per_step"], name="tokens / request-step", line=dict(color="#2ca02c"),
                         row=2, col=1)
         fig.add_scatter(x=t, y=df["accepted_per_step"], name="accepted / request-step",
-                        line={"color": "#1f77b4", "dash": "dash"}, row=2, col=1)
+                        line=dict(color="#1f77b4", dash="dash"), row=2, col=1)
         fig.add_scatter(x=t, y=df["acceptance_rate"], name="draft_acceptance_rate",
-                        line={"color": "#000", "width": 3}, row=3, col=1)
+                        line=dict(color="#000", width=3), row=3, col=1)
         for col in [c for c in df.columns if c.startswith("pos")]:
             i = int(col[3:])
-            fig.add_scatter(x=t, y=df[col], name=f"position {i}", line={
-                "color": POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], "width": 1}, row=3, col=1)
-        fig.add_scatter(x=t, y=df["total_tokens_per_s"], name="total tokens/s", line={"color": "#d62728"},
+            fig.add_scatter(x=t, y=df[col], name=f"position {i}", line=dict(
+                color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1), row=3, col=1)
+        fig.add_scatter(x=t, y=df["total_tokens_per_s"], name="total tokens/s", line=dict(color="#d62728"),
                         row=4, col=1)
     if foreground is not None and not foreground.empty:
         fig.add_scatter(x=foreground["t"], y=foreground["tokens_per_s"], name="foreground tokens/s",
-                        line={"color": "#9467bd"}, row=4, col=1)
+                        line=dict(color="#9467bd"), row=4, col=1)
     for t, n in markers:
         if -window_s <= t <= 0:
-            fig.add_vline(x=t, line={"color": "#e377c2", "dash": "dot"})
+            fig.add_vline(x=t, line=dict(color="#e377c2", dash="dot"))
             fig.add_annotation(x=t, y=1.0, yref="paper", text=f"load → {n}", showarrow=False,
-                               font={"size": 10, "color": "#e377c2"}, yanchor="bottom")
+                               font=dict(size=10, color="#e377c2"), yanchor="bottom")
     fig.update_xaxes(range=[-window_s, 0], row=4, col=1, title_text="seconds (0 = now)")
     fig.update_yaxes(range=[0, 1.05], row=3, col=1)
-    fig.update_layout(height=760, margin={"l": 50, "r": 50, "t": 40, "b": 40}, template="plotly_white",
-                      legend={"orientation": "h", "y": -0.08}, uirevision="live")
+    fig.update_layout(height=760, margin=dict(l=50, r=50, t=40, b=40), template="plotly_white",
+                      legend=dict(orientation="h", y=-0.08), uirevision="live")
     return fig
 
 
@@ -141,7 +140,7 @@ def bin_prom(snapshots: Sequence[PromSnapshot], now: float, window_s: float = WI
     request-step ~ mean_acceptance_length.
     """
     rows = []
-    for a, b in itertools.pairwise(snapshots):
+    for a, b in zip(snapshots, snapshots[1:]):
         if now - b.t > window_s:
             continue
         d = b - a

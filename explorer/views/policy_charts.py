@@ -32,7 +32,7 @@ def _empty(title: str, message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_layout(title=title, height=HEIGHT, xaxis_visible=False, yaxis_visible=False,
-                      margin={"l": 40, "r": 10, "t": 40, "b": 30})
+                      margin=dict(l=40, r=10, t=40, b=30))
     return fig
 
 
@@ -57,14 +57,14 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
         sel = [p for p in pts if p.k == k]
         fig.add_trace(go.Scatter(
             x=[p.num_tokens for p in sel], y=[p.step_s * 1e3 for p in sel], mode="markers",
-            name=f"measured, K={k}", marker={"size": 9, "color": colour}, legendgroup=str(k),
+            name=f"measured, K={k}", marker=dict(size=9, color=colour), legendgroup=str(k),
             text=[f"{p.batch_size} requests x (K={p.k}+1): {p.num_tokens} tokens, "
                   f"{p.step_s * 1e3:.1f} ms (median of {p.samples} steps)" for p in sel],
             hovertemplate="%{text}<extra></extra>"))
         # the fit at this K: batch sizes 1..max measured, tokens = b (K + 1)
         bs = np.arange(1, max(p.batch_size for p in sel) + 1)
         fig.add_trace(go.Scatter(x=bs * (k + 1), y=[cost.fit_step_s(int(b), k) * 1e3 for b in bs], mode="lines",
-                                 line={"color": colour, "dash": "dot", "width": 1}, legendgroup=str(k),
+                                 line=dict(color=colour, dash="dot", width=1), legendgroup=str(k),
                                  name=f"fit, K={k}", showlegend=False, hoverinfo="skip"))
     knee = max(cost.knee_tokens, 1.0)
     # on a log axis a shape's x is in data units but an annotation's x is log10 of
@@ -76,14 +76,14 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
     else:
         fig.add_annotation(text="no flat region measured: every extra token costs", showarrow=False,
                            x=0.02, y=0.98, xref="paper", yref="paper", xanchor="left")
-    fig.add_vline(x=knee, line={"color": "#4c9be8", "dash": "dash"})
+    fig.add_vline(x=knee, line=dict(color="#4c9be8", dash="dash"))
     fig.add_annotation(text=f"knee ≈ {cost.knee_tokens:.0f} tokens", showarrow=False, x=math.log10(knee),
                        y=0.02, xref="x", yref="paper", xanchor="left", yanchor="bottom")
     op = operating_point(recent)
     if op is not None:
         b, k, n, s = op
         fig.add_trace(go.Scatter(x=[max(n, 1)], y=[s * 1e3], mode="markers+text", name="now (last 5 s)",
-                                 marker={"size": 18, "color": "#e8554c", "symbol": "star"},
+                                 marker=dict(size=18, color="#e8554c", symbol="star"),
                                  text=[f"now: {b:.0f} req, K={k:.0f}"], textposition="top center"))
     # its own line: the subtitle does not wrap, and one line overflowed the chart
     drafter = (f"<br>drafter {cost.draft_s * 1e3:.1f} ms + {cost.draft_s_per_req * 1e3:.2f} ms/request per position"
@@ -92,11 +92,11 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
         drafter += (f", first pass {cost.first_s * 1e3:.1f} ms + {cost.first_s_per_req * 1e3:.2f} ms/request"
                     " (skipped at K=0)")
     fig.update_layout(
-        title={"text": f"{title}<br><sup>fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
-                        f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}</sup>"},
-        height=HEIGHT + 60, xaxis={"type": "log", "title": "tokens verified per step = batch x (K+1)"},
-        yaxis={"title": "ms per step", "rangemode": "tozero"}, margin={"l": 50, "r": 10, "t": 85, "b": 40},
-        legend={"orientation": "h", "y": -0.25},
+        title=dict(text=f"{title}<br><sup>fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
+                        f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}</sup>"),
+        height=HEIGHT + 60, xaxis=dict(type="log", title="tokens verified per step = batch x (K+1)"),
+        yaxis=dict(title="ms per step", rangemode="tozero"), margin=dict(l=50, r=10, t=85, b=40),
+        legend=dict(orientation="h", y=-0.25),
     )
     return fig
 
@@ -106,21 +106,22 @@ def auto_figure(auto: AutoTable | None, batch_size: float, chosen_by: str) -> go
     title = "Auto table: expected tokens/s per request, E(K) / step time"
     if auto is None:
         return _empty(title, "Needs the cost model and some measured acceptance.")
-    b = min(max(round(batch_size), 1), len(auto.k_by_batch))
+    b = min(max(int(round(batch_size)), 1), len(auto.k_by_batch))
     rate = auto.rate[b - 1]
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12)
     fig.add_trace(go.Scatter(x=list(range(len(rate))), y=rate, mode="lines+markers", name="E(K)/step_s"), 1, 1)
     best = auto.k_by_batch[b - 1]
-    fig.add_trace(go.Scatter(x=[best], y=[rate[best]], mode="markers", marker={"size": 16, "symbol": "star",
-                             "color": "#e8554c"}, name="chosen"), 1, 1)
+    fig.add_trace(go.Scatter(x=[best], y=[rate[best]], mode="markers", marker=dict(size=16, symbol="star",
+                             color="#e8554c"), name="chosen"), 1, 1)
     n = min(len(auto.k_by_batch), MAX_BATCH_SHOWN)
     fig.add_trace(go.Scatter(x=list(range(1, n + 1)), y=auto.k_by_batch[:n], mode="lines", line_shape="hv",
                              name="K by batch size"), 1, 2)
-    fig.add_trace(go.Scatter(x=[b], y=[best], mode="markers", marker={"size": 14, "color": "#e8554c"},
+    fig.add_trace(go.Scatter(x=[b], y=[best], mode="markers", marker=dict(size=14, color="#e8554c"),
                              name="now"), 1, 2)
     alphas = ", ".join(f"{a:.2f}" for a in auto.alphas)
-    fig.update_layout(title={"text": f"{title}<br><sup>{chosen_by}<br>measured acceptance per position α = [{alphas}]</sup>"},
-                      height=HEIGHT + 30, showlegend=False, margin={"l": 50, "r": 10, "t": 100, "b": 40})
+    subtitle = f"{chosen_by}<br>measured acceptance per position α = [{alphas}]"
+    fig.update_layout(title=dict(text=f"{title}<br><sup>{subtitle}</sup>"),
+                      height=HEIGHT + 30, showlegend=False, margin=dict(l=50, r=10, t=100, b=40))
     fig.update_xaxes(title_text=f"K (at batch size {b}, K = {best} maximises)", row=1, col=1)
     fig.update_yaxes(title_text="tokens/s per request", row=1, col=1)
     fig.update_xaxes(title_text="batch size (K chosen for each)", row=1, col=2)
@@ -153,12 +154,12 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
                      for i in range(width)])
     fig = go.Figure(go.Heatmap(z=z, x=[f"pos {i + 1}" for i in range(width)], y=labels, text=text,
                                texttemplate="%{text}", zmin=0, zmax=1, colorscale="Blues",
-                               colorbar={"title": "survival"}))
+                               colorbar=dict(title="survival")))
     fig.update_layout(
-        title={"text": f"{title}<br><sup>engine step {step.seq}: {step.batch_size} requests, "
+        title=dict(text=f"{title}<br><sup>engine step {step.seq}: {step.batch_size} requests, "
                         f"{step.auction_slots} of {sum(len(b.scores) for b in step.bids)} slots admitted; "
-                        f"the drafter proposes {step.auction_ceiling} next</sup>"},
-        height=HEIGHT, yaxis={"autorange": "reversed"}, margin={"l": 110, "r": 10, "t": 70, "b": 40})
+                        f"the drafter proposes {step.auction_ceiling} next</sup>"),
+        height=HEIGHT, yaxis=dict(autorange="reversed"), margin=dict(l=110, r=10, t=70, b=40))
     return fig
 
 
@@ -170,11 +171,11 @@ def table_in_force_markdown(table: KTable | None, batch_size: float | None, auct
                 f"auction admits (grid below).")
     if not table:
         return "No K table in force."
-    b = round(batch_size) if batch_size else None
+    b = int(round(batch_size)) if batch_size else None
     lines = ["| start_bs | end_bs | K | |", "|---:|---:|---:|---|"]
     in_force = None
     if b:
-        for i, (start, end, _) in enumerate(table):
+        for i, (start, _end, _) in enumerate(table):
             if start <= b:
                 in_force = i  # the last row starting at or below b: its K holds in any gap after it
     for i, (start, end, k) in enumerate(table):

@@ -17,7 +17,12 @@ import plotly.graph_objects as go
 from engine_adapter.acceptance import alpha_from_histogram, per_position_acceptance
 from engine_adapter.records import RequestResult, Step
 
-_LAYOUT = {"height": 220, "margin": {"l": 40, "r": 10, "t": 36, "b": 36}, "template": "plotly_white"}
+CARD_CHART_HEIGHT = 220  # pixels
+
+
+def _layout() -> dict[str, object]:
+    """The two card charts' shared layout (a fresh dict each time: no module-level mutable state)."""
+    return dict(height=CARD_CHART_HEIGHT, margin=dict(l=40, r=10, t=36, b=36), template="plotly_white")
 
 
 def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ()) -> str:
@@ -25,24 +30,25 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
         n = sum(len(s.emitted) for s in live_steps)
         return f"**Generating…** {n} tokens so far." if live_steps else "Run a prompt to see its numbers."
     m = result.spec_decode_metrics
-    summary = (f"**{len(result.token_ids)} tokens** in {result.t_end - result.t_start:.2f} s = "
-               f"**{result.tokens_per_second:.2f} tokens/s** for this request "
-               f"(finish: {result.finish_reason}; provenance: {result.provenance}).")
-    lines = [summary]
+    lines = [
+        f"**{len(result.token_ids)} tokens** in {result.t_end - result.t_start:.2f} s = "
+        f"**{result.tokens_per_second:.2f} tokens/s** for this request "
+        f"(finish: {result.finish_reason}; provenance: {result.provenance}).",
+    ]
     if m is None:
         lines.append("Speculation is off: every token was computed by the target, one per step.")
         return "\n\n".join(lines)
     k = m["num_spec_tokens"]
     alpha = alpha_from_histogram(m["acceptance_histogram"], k)
     lines += [
-        (f"- **draft_acceptance_rate = {m['draft_acceptance_rate']:.3f}** — share of all drafted tokens "
-         "the target kept."),
-        (f"- **mean_acceptance_length = {m['mean_acceptance_length']:.3f}** — tokens gained per verify step, "
-         "counting the target's own token (1.0 = no gain)."),
-        (f"- **per-token acceptance α = {alpha:.3f}** — chance one draft token is kept, given those before "
-         "it were (from the histogram: accepted ÷ positions tested)."),
-        (f"- num_spec_steps **{m['num_spec_steps']}** verify steps · drafted **{m['num_draft_tokens']}** · "
-         f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**{_k_in_force(result, k)}."),
+        f"- **draft_acceptance_rate = {m['draft_acceptance_rate']:.3f}** — share of all drafted tokens "
+        "the target kept.",
+        f"- **mean_acceptance_length = {m['mean_acceptance_length']:.3f}** — tokens gained per verify step, "
+        "counting the target's own token (1.0 = no gain).",
+        f"- **per-token acceptance α = {alpha:.3f}** — chance one draft token is kept, given those before "
+        "it were (from the histogram: accepted ÷ positions tested).",
+        f"- num_spec_steps **{m['num_spec_steps']}** verify steps · drafted **{m['num_draft_tokens']}** · "
+        f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**{_k_in_force(result, k)}.",
     ]
     idle = next((s for s in result.steps if s.drafter_idle), None)
     if idle is not None:
@@ -84,7 +90,7 @@ def why_no_drafts(result: RequestResult | None) -> str | None:
 def _say(fig: go.Figure, text: str) -> None:
     """An empty chart says why, in its middle (instead of bare axes)."""
     fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font={"size": 12, "color": "#555"})
+                       font=dict(size=12, color="#555"))
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
 
@@ -93,7 +99,7 @@ def histogram_figure(result: RequestResult | None) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
     fig.update_layout(title="acceptance_histogram",
-                      xaxis_title="j accepted drafts", yaxis_title="steps", **_LAYOUT)
+                      xaxis_title="j accepted drafts", yaxis_title="steps", **_layout())
     if why := why_no_drafts(result):
         _say(fig, why)
         return fig
@@ -107,7 +113,7 @@ def position_figure(result: RequestResult | None) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
     fig.update_layout(title="P(kept) per draft position, when reached",
-                      xaxis_title="draft position", yaxis={"range": [0, 1.05], "title": "P(kept)"}, **_LAYOUT)
+                      xaxis_title="draft position", yaxis=dict(range=[0, 1.05], title="P(kept)"), **_layout())
     why = why_no_drafts(result)
     if why is None and not m.get("per_step_accepted"):
         why = f"No per-step drafts recorded for this request<br>(provenance: {result.provenance})."

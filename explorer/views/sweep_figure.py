@@ -23,8 +23,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-REQUIRED = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
-            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
+REQUIRED = ("policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
+            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate")
 
 
 @dataclass(frozen=True)
@@ -82,17 +82,18 @@ def sweep_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
             sel = sel.sort_values("concurrency")
             fig.add_trace(go.Scatter(
                 x=sel["concurrency"], y=sel[y], mode="lines+markers", name=policy, legendgroup=policy,
-                showlegend=j == 1, line={"color": palette[i % len(palette)], "dash": "dot" if policy == "off" else None},
+                showlegend=j == 1, line=dict(color=palette[i % len(palette)], dash="dot" if policy == "off" else None),
                 customdata=sel[["total_tokens_per_s", "effective_k", "draft_acceptance_rate"]].values,
                 hovertemplate=(f"{policy}, c=%{{x}}: %{{y:.2f}}<br>%{{customdata[0]:.1f}} tokens/s, "
                                "effective K %{customdata[1]:.2f}, acceptance %{customdata[2]:.2f}<extra></extra>")),
                 row=1, col=j)
     if has_off:
-        fig.add_hline(y=1.0, line={"color": "#999", "width": 1})
-    fig.update_xaxes(type="log", title_text="concurrency (requests in flight)", tickvals=sorted(d["concurrency"].unique()))
+        fig.add_hline(y=1.0, line=dict(color="#999", width=1))
+    fig.update_xaxes(type="log", title_text="concurrency (requests in flight)",
+                     tickvals=sorted(d["concurrency"].unique()))
     fig.update_yaxes(title_text=y_title, col=1)
     fig.update_layout(title=title or "Speedup versus concurrency, per K policy (measured)", height=380,
-                      margin={"l": 60, "r": 10, "t": 70, "b": 50})
+                      margin=dict(l=60, r=10, t=70, b=50))
     return fig
 
 

@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import html
 from collections.abc import Sequence
+from types import MappingProxyType
 from typing import Any
 
 from engine_adapter.records import Step, Token
 
-KIND_LABEL = {
+KIND_LABEL = MappingProxyType({
     "prefill": "prefill (first token, computed by the target)",
     "accepted": "accepted draft",
     "recovered": "recovered (target's token at the first rejection)",
     "bonus": "bonus (target's extra token after all drafts were kept)",
     "plain": "plain decode (no draft this step)",
     "rejected": "rejected draft (thrown away)",
-}
+})
 
 
-_JS_LITERAL = str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;"})
+_JS_LITERAL = MappingProxyType(str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;"}))
 
 
 def inert(text: str) -> str:
@@ -58,7 +59,8 @@ def token_html(text: str) -> str:
 
 
 def _tip(tok: Token, step: Step) -> str:
-    lines = [KIND_LABEL.get(tok.kind, tok.kind), f"step {step.index} · K in force {step.k} · batch size {step.batch_size}"]
+    lines = [KIND_LABEL.get(tok.kind, tok.kind),
+             f"step {step.index} · K in force {step.k} · batch size {step.batch_size}"]
     if tok.draft_pos is not None:
         lines.append(f"draft position {tok.draft_pos} of {step.num_drafted}")
     lines.append(f"token id {tok.id} · text {tok.text!r}")
