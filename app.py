@@ -33,7 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "num_speculative_tokens = K-MAX and a K table; 0 = a plain fixed-K engine")
     p.add_argument("--standing-drafter", action="store_true",
                    help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles "
-                        "at K=0 and the requests it skipped get no more drafts; README, 'Idle drafter')")
+                        "at K=0 and the requests it skipped get no more drafts; docs/k-policies.md, 'Idle drafter'")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16")
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     presets = load_presets()
     if args.replay and args.record:
         sys.exit("error: --record and --replay do not go together")
-    if args.replay:  # a recorded session plays in place of the engine (engine_adapter/replay.py)
+    if args.replay:  # a recorded session plays in place of the engine (engine_adapter/service/replay_service.py)
         from engine_adapter.service.replay_service import ReplayService
 
         try:
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             service.start(config)
     recorder = None
-    if args.record:  # follows the service; written on exit too (engine_adapter/session_recorder.py)
+    if args.record:  # follows the service; written on exit too (engine_adapter/trace/session_recorder.py)
         from engine_adapter.trace.session_recorder import SessionRecorder
 
         recorder = SessionRecorder(service, args.record).start()

@@ -6,7 +6,7 @@ per line, other keys ignored) with errors that name the line;
 ``Preset`` (category, title, prompt; ``label`` = "category: title") per line of
 the file (``{"category", "title", "prompt"}``), in file order; with
 ``categories`` only those whose category is listed. Engine-neutral: used by
-the benchmark and, through ``explorer.presets``, by the UI.
+the benchmark and, through ``explorer.views.presets``, by the UI.
 """
 
 from __future__ import annotations
