@@ -24,8 +24,9 @@ import httpx
 from gradio_client import Client
 
 from engine_adapter.engine.launcher import free_port
+from engine_adapter.package_data import PROJECT_ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+ROOT = PROJECT_ROOT
 
 
 def engine_ready(status: str) -> bool:

@@ -6,6 +6,7 @@ import os
 import time
 from pathlib import Path
 
+
 def processes_mentioning(needle: str) -> list[int]:
     """PIDs whose command line contains ``needle`` (this test process excluded)."""
     found = []

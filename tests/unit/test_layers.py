@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from engine_adapter.package_data import PROJECT_ROOT
+
+ROOT = PROJECT_ROOT
 
 VOCABULARY = {
     "engine_adapter",

@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.launcher import EngineProcess, EngineStartError
-from engine_adapter.provenance import kinds_for_step
+from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.supervise import group_members
-from tests.support.fixtures import tiny_config
+from engine_adapter.package_data import PROJECT_ROOT
+from engine_adapter.provenance import kinds_for_step
 from tests.support.engine_checks import PROMPTS, check_invariants, run
+from tests.support.fixtures import tiny_config
 from tests.support.processes import wait_gone
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = PROJECT_ROOT
 
 
 @pytest.mark.parametrize(

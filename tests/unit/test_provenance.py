@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
-from engine_adapter.provenance import kinds_for_step, metrics_from_histogram, metrics_from_steps, steps_from_counts
 from engine_adapter.acceptance import alpha_from_histogram, per_position_acceptance
+from engine_adapter.provenance import kinds_for_step, metrics_from_histogram, metrics_from_steps, steps_from_counts
 
 # --- kinds_for_step ---------------------------------------------------------
 

@@ -16,9 +16,15 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.engine import models
-from engine_adapter.engine.models import (MARKER, ModelResolutionError, PackagedModel, ensure_packaged,
-                                   locate_parts, model_pair_shares_tokenizer, resolve_model)
-
+from engine_adapter.engine.models import (
+    MARKER,
+    ModelResolutionError,
+    PackagedModel,
+    ensure_packaged,
+    locate_parts,
+    model_pair_shares_tokenizer,
+    resolve_model,
+)
 
 # ---------------------------------------------------------------- helpers
 

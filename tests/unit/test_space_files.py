@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
 import gradio
 import pytest
@@ -13,7 +12,9 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-ROOT = Path(__file__).resolve().parent.parent
+from engine_adapter.package_data import PROJECT_ROOT
+
+ROOT = PROJECT_ROOT
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 REQUIREMENTS = (ROOT / "requirements.txt").read_text(encoding="utf-8").splitlines()

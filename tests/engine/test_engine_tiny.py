@@ -11,8 +11,8 @@ import asyncio
 import httpx
 import pytest
 
-from engine_adapter.service.load import run_prompts
 from engine_adapter.engine.prometheus import fetch_snapshot
+from engine_adapter.service.load import run_prompts
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 
 

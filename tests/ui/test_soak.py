@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from engine_adapter.package_data import PROJECT_ROOT
+
+ROOT = PROJECT_ROOT
 
 
 @pytest.mark.slow

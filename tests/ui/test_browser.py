@@ -8,13 +8,14 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 
+from engine_adapter.package_data import PROJECT_ROOT
+
 playwright = pytest.importorskip("playwright.sync_api")
 
-SHOTS = Path(__file__).resolve().parent.parent / "screenshots"
+SHOTS = PROJECT_ROOT / "screenshots"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh --dev)")
 

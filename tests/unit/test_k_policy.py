@@ -6,10 +6,17 @@ import math
 
 import pytest
 
-from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
-from engine_adapter.engine_config import validate_k_table
-from engine_adapter.policy.k_policy import auction, best_ceiling, derive_auto_table, expected_tokens, idle_drafter_k, rows_from_ks
 from engine_adapter.acceptance import SlotEstimator, alphas_from_counts, survival
+from engine_adapter.engine_config import validate_k_table
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
+from engine_adapter.policy.k_policy import (
+    auction,
+    best_ceiling,
+    derive_auto_table,
+    expected_tokens,
+    idle_drafter_k,
+    rows_from_ks,
+)
 
 # A CPU-like machine: flat until 4 tokens, then compute-bound (25 ms per extra
 # token, i.e. proportional to tokens); no drafter cost.

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import k_for_batch_size
-from engine_adapter.service.load import BackgroundLoad
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import RECENT_PEAK_S
-from tests.support.fixtures import tiny_config
+from engine_adapter.service.load import BackgroundLoad
 from tests.support.engine_checks import PROMPTS, check_invariants, run
+from tests.support.fixtures import tiny_config
 
 
 @pytest_asyncio.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 from engine_adapter.policy.cost_model import CostModel, CostPoint
 from engine_adapter.policy.k_policy import derive_auto_table
 from engine_adapter.records import EngineStep, SlotBid
-from explorer.views.policy_charts import auction_figure, auto_figure, step_time_figure, table_in_force_markdown
 from explorer.views.k_table import table_check, table_rows
+from explorer.views.policy_charts import auction_figure, auto_figure, step_time_figure, table_in_force_markdown
 
 
 @pytest.mark.parametrize("cells, expected", [

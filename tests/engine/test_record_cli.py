@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
+from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.provenance import kinds_for_step
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = PROJECT_ROOT
 
 
 def test_record_cli_writes_the_documented_trace(tiny, tmp_path):

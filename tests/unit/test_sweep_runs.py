@@ -1,22 +1,24 @@
-"""The sweep CLI: policy parsing (table of cases) and one small real run."""
+"""The sweep's pure parts, as tables: policy names, K needed, acceptance per text, the median run,
+the window rate with prorated edge steps, where a level's step time goes."""
 
 from __future__ import annotations
 
-import csv
-import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from engine_adapter.measure.sweep_runs import (
+    Policy,
+    Run,
+    acceptance_per_text,
+    k_needed,
+    parse_policy,
+    row_from_runs,
+    window_rate,
+)
 from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
-from engine_adapter.measure.sweep_runs import COLUMNS, EXTRA_COLUMNS, Policy, Run, acceptance_per_text, k_needed, parse_policy, row_from_runs, window_rate
 
-ROOT = Path(__file__).resolve().parent.parent
 TABLE = [(1, 2, 3), (3, 64, 0)]
 
 
@@ -112,66 +114,6 @@ def test_window_rate_prorates_the_edge_steps(steps, window, rate):
     assert window_rate([_engine_step(*s) for s in steps], *window) == pytest.approx(rate)
 
 
-def test_sweep_cli_writes_the_csv(tiny, tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
-    out = tmp_path / "sweep.csv"
-    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1,2",
-           "--policies", "off,k2,table,auto,auction", "--k-max", "3",
-           "--table", "[[1,1,3],[2,64,0]]", "--prompts", str(prompts), "--max-tokens", "16",
-           "--window-s", "3", "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
-    env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + EXTRA_COLUMNS
-    assert [(r["policy"], r["concurrency"]) for r in rows] == [
-        (p, c) for p in ("off", "k2", "table", "auto", "auction") for c in ("1", "2")]
-    by = {(r["policy"], int(r["concurrency"])): r for r in rows}
-    assert float(by[("off", 1)]["effective_k"]) == 0
-    assert float(by[("k2", 1)]["effective_k"]) == pytest.approx(2.0)
-    assert float(by[("k2", 1)]["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
-    assert by[("k2", 1)]["acceptance_per_position"] == "1.0000 1.0000"
-    assert by[("k2", 2)]["acceptance_per_position_per_text"] == "1.0000 1.0000"
-    assert float(by[("table", 1)]["effective_k"]) == pytest.approx(3.0)
-    # at concurrency 2 the table says K=0 for most steps (batch size 2); a lone request may still draft
-    assert float(by[("table", 2)]["effective_k"]) <= 3.0
-    for policy in ("auto", "auction"):  # measured, with drafts within the engine's K
-        for c in (1, 2):
-            assert float(by[(policy, c)]["total_tokens_per_s"]) > 0
-            assert 0 <= float(by[(policy, c)]["effective_k"]) <= 3
-    # every run measured a 3 s window of the steady loop (and ended with the engine idle)
-    assert all(3.0 <= float(r["measured_s"]) < 4.0 for r in rows)
-    assert (tmp_path / "cache" / "cost").is_dir()  # the cost model was profiled and kept
-    assert json.loads(done.stdout.strip().splitlines()[-1])["rows"][0]["policy"] == "off"
-
-
-def test_by_category_adds_the_column(tiny, tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c})
-                                 for p, c in [("def add(a, b):", "code"), ("Once upon", "story")]))
-    out = tmp_path / "sweep.csv"
-    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "k1",
-           "--by-category", "--prompts", str(prompts), "--max-tokens", "8", "--min-requests", "1", "--repeats", "2",
-           "--window-s", "0", "--steps-out", str(tmp_path / "steps.jsonl"),
-           "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + ["category"] + EXTRA_COLUMNS
-    # every measured step, labelled with its run, K at most 1, and no step of another run
-    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    assert {(s["category"], s["run"]) for s in steps} == {(c, r) for c in ("code", "story") for r in (1, 2)}
-    assert all(s["type"] == "engine_step" and s["policy"] == "k1" and s["k"] <= 1 for s in steps)
-    for key in {(s["category"], s["run"]) for s in steps}:  # each run: its one request of at most 8 tokens
-        assert 1 <= sum(s["num_emitted"] for s in steps if (s["category"], s["run"]) == key) <= 8
-    assert sorted(r["category"] for r in rows) == ["code", "story"]
-    for r in rows:  # two runs each, the median between the extremes
-        assert r["runs"] == "2"
-        assert float(r["total_tokens_per_s_min"]) <= float(r["total_tokens_per_s"]) <= float(r["total_tokens_per_s_max"])
-    assert "run 2/2" in done.stderr
-
-
 @pytest.mark.parametrize("steps, batch, step_s, tap_s", [
     ([], 0.0, 0.0, 0.0),
     ([(4, 0.20, 0.001)], 4.0, 0.2, 0.001),
@@ -182,3 +124,4 @@ def test_a_level_reports_where_its_step_time_goes(steps, batch, step_s, tap_s):
               [replace(_engine_step(1.0, w, b), wall_s=w, tap_s=t) for b, w, t in steps], [])
     row = row_from_runs([run])
     assert (row["mean_batch_size"], row["mean_step_s"], row["mean_tap_s"]) == pytest.approx((batch, step_s, tap_s))
+
