@@ -1,8 +1,8 @@
 """Speculative decoding explorer: wires the engine service to the UI and launches.
 
-    python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3] [--k-table JSON]
-                  [--target SPEC] [--draft SPEC] [--attach URL] [--record FILE]
-    python app.py --replay TRACE.jsonl [--replay-speed X]      # a recorded session, no engine
+python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3] [--k-table JSON]
+              [--target SPEC] [--draft SPEC] [--attach URL] [--record FILE]
+python app.py --replay TRACE.jsonl [--replay-speed X]      # a recorded session, no engine
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ import os
 import signal
 import sys
 
-from engine_adapter.engine_config import METHODS, EngineConfig, validate_k_table
-from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
-from engine_adapter.service.engine_service import EngineService
+from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS, EngineConfig, validate_k_table
 from engine_adapter.prompts import load_presets
+from engine_adapter.service.engine_service import EngineService
 from explorer.page import PageDefaults, build_page
 from explorer.panels.presenter import Presenter
 
@@ -26,14 +25,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"))
     p.add_argument("--method", choices=METHODS, default="draft")
     p.add_argument("--k", type=int, default=3)
-    p.add_argument("--k-table", default=None,
-                   help="vLLM's num_speculative_tokens_per_batch_size as JSON, e.g. '[[1,2,3],[3,8,1],[9,64,0]]'")
-    p.add_argument("--k-max", type=int, default=5,
-                   help="live K policies (fixed K, table, auto, auction switch without a restart): vLLM runs with "
-                        "num_speculative_tokens = K-MAX and a K table; 0 = a plain fixed-K engine")
-    p.add_argument("--standing-drafter", action="store_true",
-                   help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles "
-                        "at K=0 and the requests it skipped get no more drafts; docs/k-policies.md, 'Idle drafter'")
+    p.add_argument(
+        "--k-table",
+        default=None,
+        help="vLLM's num_speculative_tokens_per_batch_size as JSON, e.g. '[[1,2,3],[3,8,1],[9,64,0]]'",
+    )
+    p.add_argument(
+        "--k-max",
+        type=int,
+        default=5,
+        help="live K policies (fixed K, table, auto, auction switch without a restart): vLLM runs with "
+        "num_speculative_tokens = K-MAX and a K table; 0 = a plain fixed-K engine",
+    )
+    p.add_argument(
+        "--standing-drafter",
+        action="store_true",
+        help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles "
+        "at K=0 and the requests it skipped get no more drafts; docs/k-policies.md, 'Idle drafter'",
+    )
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--dtype", default="bfloat16")
@@ -41,13 +50,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-gib", type=int, default=2)
     p.add_argument("--attach", default=None, help="use a running vLLM server at this URL")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory for --attach")
-    p.add_argument("--presenter-key", default=os.environ.get("SPEC_EXPLORER_PRESENTER_KEY"),
-                   help="lock engine-wide settings (method, K, K policy) behind this key, for a classroom "
-                        "(or set SPEC_EXPLORER_PRESENTER_KEY, e.g. as a Space secret)")
-    p.add_argument("--record", default=None, metavar="FILE",
-                   help="record the session (engine steps, foreground requests, load, policy changes) to FILE")
-    p.add_argument("--replay", default=None, metavar="TRACE",
-                   help="replay a recorded session trace in the same UI, with no engine at all")
+    p.add_argument(
+        "--presenter-key",
+        default=os.environ.get("SPEC_EXPLORER_PRESENTER_KEY"),
+        help="lock engine-wide settings (method, K, K policy) behind this key, for a classroom "
+        "(or set SPEC_EXPLORER_PRESENTER_KEY, e.g. as a Space secret)",
+    )
+    p.add_argument(
+        "--record",
+        default=None,
+        metavar="FILE",
+        help="record the session (engine steps, foreground requests, load, policy changes) to FILE",
+    )
+    p.add_argument(
+        "--replay",
+        default=None,
+        metavar="TRACE",
+        help="replay a recorded session trace in the same UI, with no engine at all",
+    )
     p.add_argument("--replay-speed", type=float, default=1.0, help="replay this many times faster (default 1)")
     return p.parse_args(argv)
 
@@ -56,9 +76,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         k_table = validate_k_table(args.k_table) if args.k_table else None
-        config = EngineConfig(method=args.method, k=args.k, k_table=k_table, target=args.target,
-                              draft=args.draft, dtype=args.dtype, max_model_len=args.max_model_len,
-                              kv_cache_gib=args.kv_cache_gib, idle_drafter=not args.standing_drafter)
+        config = EngineConfig(
+            method=args.method,
+            k=args.k,
+            k_table=k_table,
+            target=args.target,
+            draft=args.draft,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            kv_cache_gib=args.kv_cache_gib,
+            idle_drafter=not args.standing_drafter,
+        )
         if args.k_max > 0 and args.method != "off":
             config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))
         config.validate()

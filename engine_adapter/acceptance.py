@@ -62,7 +62,6 @@ def position_counts(
     return kept, reached
 
 
-
 def survival(alphas: Sequence[float]) -> list[float]:
     """[prod_{j<=i} alpha_j for i = 1..len]: P(draft position i is accepted)."""
     return list(accumulate((min(max(a, 0.0), 1.0) for a in alphas), mul))
@@ -180,4 +179,3 @@ class PositionCounts:
 
     def alphas(self) -> list[float]:
         return alphas_from_counts(self.accepted, self.reached)
-

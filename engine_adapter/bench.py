@@ -38,13 +38,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         mal = f"{r['mean_acceptance_length']:.3f}" if r["mean_acceptance_length"] else "-"
         dar = f"{r['draft_acceptance_rate']:.3f}" if r["draft_acceptance_rate"] is not None else "-"
         ratio = f"{r['ratio_to_off']:.2f}" if r["ratio_to_off"] else "-"
-        print(f"{r['method']:8} {r['concurrency']:>3} {r['tokens_per_s']:>8.2f} {ratio:>6} "
-              f"{r['per_request_tokens_per_s']:>9.2f} {mal:>8} {dar:>7}")
+        print(
+            f"{r['method']:8} {r['concurrency']:>3} {r['tokens_per_s']:>8.2f} {ratio:>6} "
+            f"{r['per_request_tokens_per_s']:>9.2f} {mal:>8} {dar:>7}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine_adapter.bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m engine_adapter.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--methods", default="off,ngram,draft")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--k", type=int, default=3)
@@ -63,9 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.tap_overhead:
         out = asyncio.run(tap_overhead(BenchSettings(**vars(args))))
         for c, r in out["runs"].items():
-            print(f"c={c}: tap on {r['tokens_per_s_tap_on']:.2f} tok/s, off {r['tokens_per_s_tap_off']:.2f} "
-                  f"(ratio {r['ratio_on_to_off']:.3f}); tap time / step time: median "
-                  f"{r['tap_time_over_step_time_median']}, p99 {r['tap_time_over_step_time_p99']}")
+            print(
+                f"c={c}: tap on {r['tokens_per_s_tap_on']:.2f} tok/s, off {r['tokens_per_s_tap_off']:.2f} "
+                f"(ratio {r['ratio_on_to_off']:.3f}); tap time / step time: median "
+                f"{r['tap_time_over_step_time_median']}, p99 {r['tap_time_over_step_time_p99']}"
+            )
         print(json.dumps(out))
         return 0
     rows = asyncio.run(bench(BenchSettings(**vars(args))))

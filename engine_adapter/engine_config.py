@@ -14,7 +14,6 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-
 Method = Literal["off", "ngram", "draft", "suffix"]
 METHODS: tuple[Method, ...] = ("off", "ngram", "draft", "suffix")
 # One row of vLLM's Dynamic SD table: inclusive batch-size range -> K.
@@ -81,8 +80,12 @@ class EngineConfig:
     def drafter_idles(self) -> bool:
         """Whether the draft model skips its pass at K=0: needs the tap (which stops drafting
         for the requests it skipped) and a table (the only way K reaches 0)."""
-        return (self.idle_drafter and self.method == "draft" and self.tap
-                and (self.k_table is not None or self.k_max is not None))
+        return (
+            self.idle_drafter
+            and self.method == "draft"
+            and self.tap
+            and (self.k_table is not None or self.k_max is not None)
+        )
 
     @property
     def async_scheduling(self) -> bool:
@@ -136,15 +139,17 @@ def check_table(table: Any, k_max: int) -> KTable:
     rows = validate_k_table(table)
     over = [r for r in rows if r[2] > k_max]
     if over:
-        raise ValueError(f"row {list(over[0])}: K is above this engine's num_speculative_tokens "
-                         f"({k_max}); vLLM would cap it, so say what you mean")
+        raise ValueError(
+            f"row {list(over[0])}: K is above this engine's num_speculative_tokens "
+            f"({k_max}); vLLM would cap it, so say what you mean"
+        )
     return rows
 
 
 def k_for_batch_size(table: KTable, batch_size: int, k_max: int) -> int:
     """The K vLLM uses at ``batch_size`` under ``table`` (capped by num_speculative_tokens)."""
     k = table[0][2]
-    for start, end, row_k in table:
+    for start, _end, row_k in table:
         if batch_size < start:
             break  # in a gap: the previous row's K carries forward
         k = row_k

@@ -34,8 +34,11 @@ class Preset:
 
 def load_presets(path: Path = PRESETS_FILE, categories: Collection[str] | None = None) -> list[Preset]:
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [Preset(r["category"], r["title"], r["prompt"]) for r in rows
-            if categories is None or r["category"] in categories]
+    return [
+        Preset(r["category"], r["title"], r["prompt"])
+        for r in rows
+        if categories is None or r["category"] in categories
+    ]
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -53,4 +56,3 @@ def read_prompts(path: Path) -> list[str]:
     if not prompts:
         raise ValueError(f"{path}: no prompts")
     return prompts
-

@@ -20,9 +20,7 @@ from collections.abc import Sequence
 from engine_adapter.records import SpecDecodeMetrics, TokenKind
 
 
-def kinds_for_step(
-    step_index: int, num_drafted: int, accepted: int, num_emitted: int
-) -> list[TokenKind]:
+def kinds_for_step(step_index: int, num_drafted: int, accepted: int, num_emitted: int) -> list[TokenKind]:
     """Kinds of the ``num_emitted`` tokens one step appended, in order.
 
     The step verified ``num_drafted`` drafts and kept ``accepted`` of them; the
@@ -40,9 +38,7 @@ def kinds_for_step(
     return full[:num_emitted]
 
 
-def metrics_from_steps(
-    steps: Sequence[tuple[int, int]], num_spec_tokens: int
-) -> SpecDecodeMetrics:
+def metrics_from_steps(steps: Sequence[tuple[int, int]], num_spec_tokens: int) -> SpecDecodeMetrics:
     """vLLM's per-request metrics from (num_drafted, accepted) per step."""
     histogram = [0] * (num_spec_tokens + 1)
     per_acc: list[int] = []
@@ -57,12 +53,8 @@ def metrics_from_steps(
     num_accepted = sum(per_acc)
     num_drafted_total = sum(per_drafted)
     return SpecDecodeMetrics(
-        mean_acceptance_length=(
-            1.0 + num_accepted / num_spec_steps if num_spec_steps else 1.0
-        ),
-        draft_acceptance_rate=(
-            num_accepted / num_drafted_total if num_drafted_total else 0.0
-        ),
+        mean_acceptance_length=(1.0 + num_accepted / num_spec_steps if num_spec_steps else 1.0),
+        draft_acceptance_rate=(num_accepted / num_drafted_total if num_drafted_total else 0.0),
         acceptance_histogram=histogram,
         num_spec_steps=num_spec_steps,
         num_accepted_draft_tokens=num_accepted,

@@ -26,12 +26,16 @@ from engine_adapter.measure.recording import RecordSettings, record
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m engine_adapter.record", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m engine_adapter.record",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--method", choices=["off", "ngram", "draft", "suffix"], default="draft")
     p.add_argument("--k", type=int, default=3, help="num_speculative_tokens (default 3)")
-    p.add_argument("--k-table", default=None,
-                   help="num_speculative_tokens_per_batch_size as JSON, e.g. '[[1,4,3],[5,64,0]]'")
+    p.add_argument(
+        "--k-table", default=None, help="num_speculative_tokens_per_batch_size as JSON, e.g. '[[1,4,3],[5,64,0]]'"
+    )
     p.add_argument("--prompts", type=Path, required=True)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=1)

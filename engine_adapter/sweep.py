@@ -54,14 +54,14 @@ import json
 import sys
 from pathlib import Path
 
-
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.measure.policy_sweep import SweepSettings, sweep
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m engine_adapter.sweep", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m engine_adapter.sweep", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--concurrency", default="1,2,4,8,16")
     p.add_argument("--policies", default="off,k1,k3,k5,auto,auction")
     p.add_argument("--prompts", type=Path, required=True)
@@ -72,16 +72,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--k-max", type=int, default=5, help="K range for auto and auction (default 5)")
     p.add_argument("--by-category", action="store_true", help="measure each prompt category on its own")
     p.add_argument("--reprofile", action="store_true", help="profile the cost model even if cached")
-    p.add_argument("--standing-drafter", action="store_true",
-                   help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles)")
+    p.add_argument(
+        "--standing-drafter",
+        action="store_true",
+        help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles)",
+    )
     p.add_argument("--min-requests", type=int, default=4)
-    p.add_argument("--repeats", type=int, default=1,
-                   help="runs per policy and level, interleaved; the CSV gives the median run's tokens/s")
-    p.add_argument("--window-s", type=float, default=20.0,
-                   help="seconds of a steady closed loop measured per run, from its first completion "
-                        "(default 20); 0 = one wave of max(C, --min-requests) requests, ramp-up and all")
-    p.add_argument("--steps-out", type=Path, default=None,
-                   help="write every measured step of every run here (JSONL), to see where time went")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs per policy and level, interleaved; the CSV gives the median run's tokens/s",
+    )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=20.0,
+        help="seconds of a steady closed loop measured per run, from its first completion "
+        "(default 20); 0 = one wave of max(C, --min-requests) requests, ramp-up and all",
+    )
+    p.add_argument(
+        "--steps-out",
+        type=Path,
+        default=None,
+        help="write every measured step of every run here (JSONL), to see where time went",
+    )
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)

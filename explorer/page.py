@@ -29,7 +29,7 @@ from explorer.panels.run import RunPanel
 from explorer.panels.sweep import build_sweep_panel
 
 TITLE = "Speculative decoding explorer"
-INTRO = (f"# {TITLE}\nEvery token below is coloured by where it came from, as the live vLLM engine ran it.")
+INTRO = f"# {TITLE}\nEvery token below is coloured by where it came from, as the live vLLM engine ran it."
 
 
 @dataclass(frozen=True)

@@ -51,8 +51,9 @@ class HolesTapAsyncScheduler(TapAsyncScheduler):
         return super().schedule(*args, **kwargs)
 
 
-async def run_one(engine: LiveEngine, prompt: str, gap: int, start: int,
-                  max_tokens: int) -> tuple[list[list[int]], list[int]]:
+async def run_one(
+    engine: LiveEngine, prompt: str, gap: int, start: int, max_tokens: int
+) -> tuple[list[list[int]], list[int]]:
     """One request; K=0 from step ``start`` for ``gap`` steps. Rows: [step, token position, K, drafted, accepted]."""
     steps: list[Step] = []
     off_at = on_at = None
@@ -84,8 +85,7 @@ def compare(runs: dict[int, list[list[int]]], window: int) -> dict[int, list[int
         lo = max(r[1] for r in zero) + 1  # first token position after the last K=0 step
         after = [r for r in rows if lo <= r[1] < lo + window and r[3]]
         ctl = [r for r in control if lo <= r[1] < lo + window and r[3]]
-        out[gap] = [sum(r[4] for r in after), sum(r[3] for r in after),
-                    sum(r[4] for r in ctl), sum(r[3] for r in ctl)]
+        out[gap] = [sum(r[4] for r in after), sum(r[3] for r in after), sum(r[4] for r in ctl), sum(r[3] for r in ctl)]
     return out
 
 
@@ -103,8 +103,12 @@ async def main() -> int:
     lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     categories = set(args.category.split(","))
     prompts = [d["prompt"] for d in lines if d.get("category") in categories]
-    cfg = EngineConfig(method="draft", k=K, k_max=K,
-                       extra_args=["--scheduler-cls", f"scripts.drafter_holes.{HolesTapAsyncScheduler.__name__}"])
+    cfg = EngineConfig(
+        method="draft",
+        k=K,
+        k_max=K,
+        extra_args=["--scheduler-cls", f"scripts.drafter_holes.{HolesTapAsyncScheduler.__name__}"],
+    )
     engine = await LiveEngine.launch(cfg)
     totals: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     record, same = [], True
@@ -124,9 +128,19 @@ async def main() -> int:
         await engine.close()
     if args.out:
         Path(args.out).write_text(json.dumps(record))
-    report = {"same_text_everywhere": same, "by_gap": [
-        {"gap": g, "after_rate": round(t[0] / max(t[1], 1), 3), "control_rate": round(t[2] / max(t[3], 1), 3),
-         "drafted_after": t[1], "drafted_control": t[3]} for g, t in sorted(totals.items())]}
+    report = {
+        "same_text_everywhere": same,
+        "by_gap": [
+            {
+                "gap": g,
+                "after_rate": round(t[0] / max(t[1], 1), 3),
+                "control_rate": round(t[2] / max(t[3], 1), 3),
+                "drafted_after": t[1],
+                "drafted_control": t[3],
+            }
+            for g, t in sorted(totals.items())
+        ],
+    }
     print(json.dumps(report))
     return 0 if same else 1
 

@@ -28,8 +28,14 @@ def main() -> None:
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=shutil.which("chromium"),
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"])
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
         page = browser.new_page(viewport={"width": 1400, "height": 1200})
         for _ in range(120):  # the app may still be starting its web server
             try:
@@ -47,7 +53,8 @@ def main() -> None:
                 break
         page.wait_for_timeout(args.warm_s * 1000)
         page.locator("#prompt textarea").fill(
-            "Write a Python function that returns the n-th Fibonacci number, with a docstring.")
+            "Write a Python function that returns the n-th Fibonacci number, with a docstring."
+        )
         page.locator("#run").click()
         page.wait_for_selector("#token-view .k-accepted", timeout=300_000)
         page.wait_for_timeout(25_000)

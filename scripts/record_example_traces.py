@@ -19,13 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine_adapter.engine.supervise import session_members  # noqa: E402
-from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
+from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready  # noqa: E402
 
 
 def log(msg: str) -> None:

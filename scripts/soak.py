@@ -40,10 +40,9 @@ from gradio_client import Client
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine_adapter.prompts import load_presets  # noqa: E402
 from engine_adapter.engine.prometheus import parse_metrics  # noqa: E402
+from engine_adapter.prompts import load_presets  # noqa: E402
 from tests.support.app_process import AppNotReady, AppProcess, engine_ready, start_app, wait_ready  # noqa: E402
-
 
 CLIENT_TIMEOUT_S = 120.0  # a page waits for a busy server; httpx's default 5 s would count it as an error
 
@@ -77,7 +76,8 @@ class User(threading.Thread):
             try:
                 if action == "run":
                     _view, _card, _h, _p, trace = client.predict(
-                        self.rng.choice(self.prompts), 0.0, self.rng.choice([16, 32, 48]), api_name="/run")
+                        self.rng.choice(self.prompts), 0.0, self.rng.choice([16, 32, 48]), api_name="/run"
+                    )
                     self.tally("served" if trace else "run_refused")
                 elif action == "load":
                     said = client.predict(self.rng.randint(0, 8), api_name="/set_load")
@@ -107,8 +107,9 @@ class User(threading.Thread):
         return None
 
 
-def soak(url: str, pid: int, users: int, duration: float, seed: int, drain_s: float,
-         baseline_after: float = 0.25) -> dict:
+def soak(
+    url: str, pid: int, users: int, duration: float, seed: int, drain_s: float, baseline_after: float = 0.25
+) -> dict:
     counts: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
 
@@ -142,15 +143,22 @@ def soak(url: str, pid: int, users: int, duration: float, seed: int, drain_s: fl
     rss1 = app_rss_mib(pid)
     errors = {k[7:]: v for k, v in counts.items() if k.startswith("error: ")}
     report = {
-        "users": users, "duration_s": duration, "served": counts["served"], "refused": counts["run_refused"],
-        "load_moves": counts["load_set"], "polls": counts["polls"], "tab_closes": counts["tab_closes"],
-        "errors": errors, "engine_running_after": left[0], "engine_waiting_after": left[1],
+        "users": users,
+        "duration_s": duration,
+        "served": counts["served"],
+        "refused": counts["run_refused"],
+        "load_moves": counts["load_set"],
+        "polls": counts["polls"],
+        "tab_closes": counts["tab_closes"],
+        "errors": errors,
+        "engine_running_after": left[0],
+        "engine_waiting_after": left[1],
         "drained_in_s": round(time.monotonic() - t_left, 1),
-        "app_rss_mib_start": round(rss0, 1), "app_rss_mib_end": round(rss1, 1),
+        "app_rss_mib_start": round(rss0, 1),
+        "app_rss_mib_end": round(rss1, 1),
         "app_rss_growth": round(rss1 / rss0 - 1, 4),
     }
-    report["ok"] = (left == (0.0, 0.0) and report["app_rss_growth"] < 0.10 and report["served"] > 0
-                    and not errors)
+    report["ok"] = left == (0.0, 0.0) and report["app_rss_growth"] < 0.10 and report["served"] > 0 and not errors
     return report
 
 
@@ -166,15 +174,19 @@ def launch(app_args: list[str]) -> AppProcess:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    app_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    app_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--users", type=int, default=20)
     p.add_argument("--duration", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drain-s", type=float, default=180.0, help="how long the load may take to stop after all leave")
-    p.add_argument("--baseline-after", type=float, default=0.25,
-                   help="take the memory baseline after this fraction of the run (warm-up is not a leak)")
+    p.add_argument(
+        "--baseline-after",
+        type=float,
+        default=0.25,
+        help="take the memory baseline after this fraction of the run (warm-up is not a leak)",
+    )
     p.add_argument("--url", default=None)
     p.add_argument("--pid", type=int, default=None, help="the app's PID (with --url), for its memory")
     args = p.parse_args(argv)

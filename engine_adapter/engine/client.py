@@ -31,15 +31,14 @@ import httpx
 import zmq
 from transformers import PreTrainedTokenizerBase
 
-from engine_adapter.policy.cost_model import CostModel
+from engine_adapter.engine.step_stream import HttpState, reconcile_counts, steps_from_chunks, steps_from_tap
+from engine_adapter.engine.tap_receiver import TapReceiver
+from engine_adapter.engine.token_text import IncrementalText
 from engine_adapter.engine_config import KTable, validate_k_table
-
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.provenance import metrics_from_steps
 from engine_adapter.records import RequestResult, Step
-from engine_adapter.engine.tap_receiver import TapReceiver
 from engine_adapter.vllm_plugin.wire import encode_control
-from engine_adapter.engine.step_stream import HttpState, reconcile_counts, steps_from_chunks, steps_from_tap
-from engine_adapter.engine.token_text import IncrementalText
 
 
 class RequestError(RuntimeError):
@@ -72,9 +71,7 @@ class EngineClient:
         self.base_url = base_url.rstrip("/")
         self.tokenizer = tokenizer
         self.model = model
-        self.use_chat_template = use_chat_template and bool(
-            getattr(tokenizer, "chat_template", None)
-        )
+        self.use_chat_template = use_chat_template and bool(getattr(tokenizer, "chat_template", None))
         self.k_hint = k_hint  # K to label attach-mode steps until vLLM's counts arrive
         self.tap = TapReceiver(tap_addr) if tap_addr else None
         self._control = None
@@ -308,4 +305,3 @@ class EngineClient:
             t_first_token=state.t_first,
             t_end=time.monotonic(),
         )
-

@@ -31,11 +31,11 @@ from pathlib import Path
 
 import httpx
 
+from engine_adapter.engine.resources import NotEnoughResources, check_resources
+from engine_adapter.engine.server_args import server_args
+from engine_adapter.engine.supervise import group_members
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import PROJECT_ROOT
-from engine_adapter.engine.server_args import server_args
-from engine_adapter.engine.resources import NotEnoughResources, check_resources
-from engine_adapter.engine.supervise import group_members
 from engine_adapter.vllm_plugin.wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 
@@ -66,12 +66,21 @@ _MILESTONES = [
 # log fragment -> explanation; checked in order against the log of a failed start
 _FAILURES = [
     ("Address already in use", "port {port} on 127.0.0.1 is already taken by another program"),
-    ("is less than requested memory for kv", "not enough free memory for the KV cache it was asked to "
-     "reserve (kv_cache_gib={kv} GiB); lower it or free memory"),
-    ("to serve at least one request", "the KV cache (kv_cache_gib={kv} GiB) is too small for max_model_len; "
-     "raise kv_cache_gib or lower max_model_len"),
-    ("out of memory", "the machine ran out of memory while loading the models; "
-     "lower the KV cache (kv_cache_gib) or use smaller models"),
+    (
+        "is less than requested memory for kv",
+        "not enough free memory for the KV cache it was asked to "
+        "reserve (kv_cache_gib={kv} GiB); lower it or free memory",
+    ),
+    (
+        "to serve at least one request",
+        "the KV cache (kv_cache_gib={kv} GiB) is too small for max_model_len; "
+        "raise kv_cache_gib or lower max_model_len",
+    ),
+    (
+        "out of memory",
+        "the machine ran out of memory while loading the models; "
+        "lower the KV cache (kv_cache_gib) or use smaller models",
+    ),
     ("Cannot allocate memory", "the machine ran out of memory while loading the models"),
     ("MemoryError", "the machine ran out of memory while loading the models"),
     ("Insufficient memory", "not enough memory for the KV cache; lower kv_cache_gib"),
@@ -194,9 +203,7 @@ class EngineProcess:
             def resolve(spec: str) -> Path:
                 return resolve_model(
                     spec,
-                    progress=lambda stage, f: report(
-                        StartProgress("models", 0.3 * f, f"{spec}: {stage} {f:.0%}")
-                    ),
+                    progress=lambda stage, f: report(StartProgress("models", 0.3 * f, f"{spec}: {stage} {f:.0%}")),
                 )
         else:
             resolve = self._resolve
@@ -226,8 +233,18 @@ class EngineProcess:
         args = server_args(
             self.config, str(self.target_dir), str(self.draft_dir) if self.draft_dir else None, self.port
         )
-        cmd = [sys.executable, "-m", "engine_adapter.engine.supervise", "--exit-file", str(self._exit_file), "--",
-               sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "engine_adapter.engine.supervise",
+            "--exit-file",
+            str(self._exit_file),
+            "--",
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            *args,
+        ]
         self._log = open(self.log_path, "wb")
         report(StartProgress("spawn", 0.3, "starting vLLM"))
         self._proc = subprocess.Popen(
@@ -265,9 +282,7 @@ class EngineProcess:
                 except httpx.HTTPError:
                     pass
                 time.sleep(0.5)
-        raise EngineStartError(
-            f"the engine did not become ready within {timeout_s:.0f} s; log: {self.log_path}"
-        )
+        raise EngineStartError(f"the engine did not become ready within {timeout_s:.0f} s; log: {self.log_path}")
 
     def _explain_failure(self, log: str) -> str:
         for needle, why in _FAILURES:

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 
 from engine_adapter.engine.client import EngineClient
-from engine_adapter.engine_config import EngineConfig
 from engine_adapter.engine.launcher import EngineProcess, EngineStartError, ProgressFn
 from engine_adapter.engine.token_text import load_tokenizer
+from engine_adapter.engine_config import EngineConfig
 
 
 @dataclass
@@ -51,7 +51,10 @@ class LiveEngine:
             await asyncio.to_thread(proc.start, progress)
             tokenizer = await asyncio.to_thread(load_tokenizer, proc.target_dir)
             client = EngineClient(
-                proc.url, tokenizer, tap_addr=proc.tap_addr, control_addr=proc.control_addr,
+                proc.url,
+                tokenizer,
+                tap_addr=proc.tap_addr,
+                control_addr=proc.control_addr,
                 k_hint=config.k,
             )
             await client.start()
@@ -65,9 +68,7 @@ class LiveEngine:
         return cls(client=client, config=config, process=proc, url=proc.url, vllm_version=version)
 
     @classmethod
-    async def attach(
-        cls, url: str, *, tokenizer_dir: str | Path | None = None, k_hint: int = 0
-    ) -> LiveEngine:
+    async def attach(cls, url: str, *, tokenizer_dir: str | Path | None = None, k_hint: int = 0) -> LiveEngine:
         url = url.rstrip("/")
         async with httpx.AsyncClient(timeout=10.0) as http:
             try:
@@ -84,8 +85,7 @@ class LiveEngine:
         tokenizer = await asyncio.to_thread(load_tokenizer, source)
         client = EngineClient(url, tokenizer, tap_addr=None, model=model["id"], k_hint=k_hint)
         await client.start()
-        return cls(client=client, config=None, process=None, url=url,
-                   vllm_version=await _server_version(url))
+        return cls(client=client, config=None, process=None, url=url, vllm_version=await _server_version(url))
 
     async def close(self) -> None:
         await self.client.close()

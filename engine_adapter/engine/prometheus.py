@@ -40,11 +40,8 @@ class PromSnapshot:
     def __sub__(self, earlier: PromSnapshot) -> PromDelta:
         d = {k: self.counters.get(k, 0.0) - earlier.counters.get(k, 0.0) for k in _COUNTERS.values()}
         positions = sorted(set(self.accepted_per_pos) | set(earlier.accepted_per_pos))
-        per_pos = [
-            self.accepted_per_pos.get(p, 0.0) - earlier.accepted_per_pos.get(p, 0.0) for p in positions
-        ]
-        return PromDelta(seconds=self.t - earlier.t, counts=d, accepted_per_pos=per_pos,
-                         running=self.running)
+        per_pos = [self.accepted_per_pos.get(p, 0.0) - earlier.accepted_per_pos.get(p, 0.0) for p in positions]
+        return PromDelta(seconds=self.t - earlier.t, counts=d, accepted_per_pos=per_pos, running=self.running)
 
 
 @dataclass(frozen=True)

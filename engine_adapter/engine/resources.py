@@ -124,8 +124,9 @@ def _spec_size(spec: str, cache_dir: Path) -> tuple[int | None, object | None]:
     return PACKAGED_BF16_BYTES.get(packaged.key), packaged if will_build else None
 
 
-def estimate(config: EngineConfig, target_dir: Path | None = None, draft_dir: Path | None = None,
-             cache_dir: Path | None = None) -> Need:
+def estimate(
+    config: EngineConfig, target_dir: Path | None = None, draft_dir: Path | None = None, cache_dir: Path | None = None
+) -> Need:
     from engine_adapter.engine.models import default_cache_dir
 
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
@@ -147,14 +148,21 @@ def estimate(config: EngineConfig, target_dir: Path | None = None, draft_dir: Pa
             builds.append(build)
     if builds:
         need.build = [f"packaged:{m.key}" for m in builds]
-        need.disk_bytes = (sum(PACKAGED_BF16_BYTES.get(m.key, 2 * m.size) for m in builds)
-                           + max(m.size for m in builds) + GIB // 4)
+        need.disk_bytes = (
+            sum(PACKAGED_BF16_BYTES.get(m.key, 2 * m.size) for m in builds) + max(m.size for m in builds) + GIB // 4
+        )
     return need
 
 
-def check_resources(config: EngineConfig, target_dir: Path | None = None, draft_dir: Path | None = None,
-                    *, cache_dir: Path | None = None, available: int | None = None,
-                    free: int | None = None) -> Need:
+def check_resources(
+    config: EngineConfig,
+    target_dir: Path | None = None,
+    draft_dir: Path | None = None,
+    *,
+    cache_dir: Path | None = None,
+    available: int | None = None,
+    free: int | None = None,
+) -> Need:
     """Raise NotEnoughResources when memory or disk clearly cannot hold this engine."""
     need = estimate(config, target_dir, draft_dir, cache_dir)
     if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"}:
@@ -165,12 +173,16 @@ def check_resources(config: EngineConfig, target_dir: Path | None = None, draft_
             raise NotEnoughResources(
                 f"not enough free disk space to prepare {' and '.join(need.build)}: converting needs about "
                 f"{gib(need.disk_bytes)} in {need.cache_dir}, {gib(have)} is free there; free some space or "
-                f"point SPEC_EXPLORER_CACHE at a disk with room")
+                f"point SPEC_EXPLORER_CACHE at a disk with room"
+            )
     have = available if available is not None else mem_available()
     if have is not None and have < need.memory_bytes:
-        parts = " + ".join([f"{role} model {gib(b)}" for role, _, b in need.models]
-                           + [f"KV cache {need.kv_gib:g} GiB", f"about {need.overhead_gib:g} GiB for the processes"])
+        parts = " + ".join(
+            [f"{role} model {gib(b)}" for role, _, b in need.models]
+            + [f"KV cache {need.kv_gib:g} GiB", f"about {need.overhead_gib:g} GiB for the processes"]
+        )
         raise NotEnoughResources(
             f"not enough free memory for the engine: it needs about {gib(need.memory_bytes)} ({parts}), "
-            f"{gib(have)} is available; lower --kv-cache-gib, choose smaller models, or close other programs")
+            f"{gib(have)} is available; lower --kv-cache-gib, choose smaller models, or close other programs"
+        )
     return need

@@ -37,28 +37,37 @@ def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str,
     return spec
 
 
-def server_args(
-    config: EngineConfig, target_dir: str, draft_dir: str | None, port: int
-) -> list[str]:
+def server_args(config: EngineConfig, target_dir: str, draft_dir: str | None, port: int) -> list[str]:
     """Arguments for ``python -m vllm.entrypoints.openai.api_server``."""
     args = [
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--model", target_dir,
-        "--served-model-name", "target",
-        "--dtype", config.dtype,
-        "--max-model-len", str(config.max_model_len),
-        "--max-num-seqs", str(config.max_num_seqs),
-        "--stream-interval", "1",
-        "--seed", "0",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        target_dir,
+        "--served-model-name",
+        "target",
+        "--dtype",
+        config.dtype,
+        "--max-model-len",
+        str(config.max_model_len),
+        "--max-num-seqs",
+        str(config.max_num_seqs),
+        "--stream-interval",
+        "1",
+        "--seed",
+        "0",
     ]
     if config.enforce_eager:
         args.append("--enforce-eager")
     spec = speculative_config(config, draft_dir)
     if spec is not None:
         args += [
-            "--speculative-config", json.dumps(spec),
-            "--per-request-spec-decode-metrics", "detailed",
+            "--speculative-config",
+            json.dumps(spec),
+            "--per-request-spec-decode-metrics",
+            "detailed",
         ]
     args.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
     if config.tap:

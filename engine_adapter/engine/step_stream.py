@@ -41,32 +41,61 @@ class HttpState:
 
 
 def make_step(
-    tokenizer: PreTrainedTokenizerBase, index: int, t: float, wall_s: float, batch_size: int, k: int,
-    drafted: list[int] | None, num_drafted: int, accepted: int, emitted: list[int],
-    text: IncrementalText, finish_reason: str | None = None, drafter_idle: bool = False,
+    tokenizer: PreTrainedTokenizerBase,
+    index: int,
+    t: float,
+    wall_s: float,
+    batch_size: int,
+    k: int,
+    drafted: list[int] | None,
+    num_drafted: int,
+    accepted: int,
+    emitted: list[int],
+    text: IncrementalText,
+    finish_reason: str | None = None,
+    drafter_idle: bool = False,
 ) -> Step:
     """One request's step as a ``Step``, its tokens and rejected drafts labelled (``provenance``)."""
     kinds = kinds_for_step(index, num_drafted, accepted, len(emitted))
     tokens = [
         Token(
-            id=tid, text=text.push(tid), kind=kind, step=index,
+            id=tid,
+            text=text.push(tid),
+            kind=kind,
+            step=index,
             draft_pos=(j + 1) if kind == "accepted" else None,
-            k=k, batch_size=batch_size,
+            k=k,
+            batch_size=batch_size,
             draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
         )
         for j, (tid, kind) in enumerate(zip(emitted, kinds))
     ]
     rejected = [
         Token(
-            id=did, text=draft_text(tokenizer, did), kind="rejected", step=index,
-            draft_pos=accepted + j + 1, k=k, batch_size=batch_size, draft_id=did,
+            id=did,
+            text=draft_text(tokenizer, did),
+            kind="rejected",
+            step=index,
+            draft_pos=accepted + j + 1,
+            k=k,
+            batch_size=batch_size,
+            draft_id=did,
         )
         for j, did in enumerate((drafted or [])[accepted:])
     ]
     return Step(
-        index=index, t=t, wall_s=wall_s, batch_size=batch_size, k=k,
-        drafted=drafted, num_drafted=num_drafted, accepted=accepted,
-        emitted=list(emitted), tokens=tokens, rejected=rejected, finish_reason=finish_reason,
+        index=index,
+        t=t,
+        wall_s=wall_s,
+        batch_size=batch_size,
+        k=k,
+        drafted=drafted,
+        num_drafted=num_drafted,
+        accepted=accepted,
+        emitted=list(emitted),
+        tokens=tokens,
+        rejected=rejected,
+        finish_reason=finish_reason,
         drafter_idle=drafter_idle,
     )
 
@@ -82,16 +111,26 @@ async def steps_from_tap(
             return
         try:
             item = await asyncio.wait_for(wake.get(), TAP_GRACE_S if state.done else None)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return  # the tap never delivered the rest; generate() reports it
         if not isinstance(item[0], str):
             tstep, r = item
             if not r.emitted and not r.drafted:
                 continue  # a prefill chunk that produced no token yet
             yield make_step(
-                tokenizer, index, tstep.t, tstep.wall_s, tstep.batch_size, tstep.k,
-                list(r.drafted), len(r.drafted), r.accepted, list(r.emitted), text,
-                r.finish_reason, r.drafter_idle,
+                tokenizer,
+                index,
+                tstep.t,
+                tstep.wall_s,
+                tstep.batch_size,
+                tstep.k,
+                list(r.drafted),
+                len(r.drafted),
+                r.accepted,
+                list(r.emitted),
+                text,
+                r.finish_reason,
+                r.drafter_idle,
             )
             index += 1
             seen += len(r.emitted)
@@ -109,8 +148,17 @@ async def steps_from_chunks(
             return
         n = len(ids)
         yield make_step(
-            tokenizer, index, time.monotonic(), 0.0, 0, k_hint, None,
-            0 if index == 0 else k_hint, 0 if index == 0 else n - 1, ids, text,
+            tokenizer,
+            index,
+            time.monotonic(),
+            0.0,
+            0,
+            k_hint,
+            None,
+            0 if index == 0 else k_hint,
+            0 if index == 0 else n - 1,
+            ids,
+            text,
         )
         index += 1
 

@@ -99,8 +99,11 @@ def main(argv: list[str]) -> int:
         stop.wait(0.2)
     code = child.poll()
     if code is not None and code < 0:  # say it in the log; exit 128+S like a shell, for the watchdog
-        print(f"engine_adapter.engine.supervise: the vLLM server (pid {child.pid}) was killed by signal {-code}",
-              file=sys.stderr, flush=True)
+        print(
+            f"engine_adapter.engine.supervise: the vLLM server (pid {child.pid}) was killed by signal {-code}",
+            file=sys.stderr,
+            flush=True,
+        )
         code = 128 - code
     if exit_file and code is not None and not stop.is_set():  # it died by itself: tell the watchdog now,
         with open(exit_file, "w") as f:  # not after the group is gone (that takes seconds)

@@ -39,8 +39,7 @@ def summarize(step: TapStep) -> EngineStep:
     k = max((len(r.drafted) for r in step.reqs), default=0)
     # each request is one "step" of position_counts: position i is tested only if
     # every draft before it was kept
-    acc_pos, reached_pos = position_counts([r.accepted for r in step.reqs],
-                                           [len(r.drafted) for r in step.reqs], k)
+    acc_pos, reached_pos = position_counts([r.accepted for r in step.reqs], [len(r.drafted) for r in step.reqs], k)
     drafted = sum(len(r.drafted) for r in step.reqs)
     accepted = sum(r.accepted for r in step.reqs)
     emitted = sum(len(r.emitted) for r in step.reqs)

@@ -13,14 +13,12 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
 import pandas as pd
-from engine_adapter.measure.throughput import measure
+
+from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, validate_k_table
-from engine_adapter.acceptance import PositionCounts
-from engine_adapter.policy.controller import PolicyController, PolicySpec
-from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
-from engine_adapter.prompts import read_prompts
 from engine_adapter.measure.sweep_runs import (
     COLUMNS,
     EXTRA_COLUMNS,
@@ -31,6 +29,10 @@ from engine_adapter.measure.sweep_runs import (
     run_policy,
     run_policy_window,
 )
+from engine_adapter.measure.throughput import measure
+from engine_adapter.policy.controller import PolicyController, PolicySpec
+from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.prompts import read_prompts
 from engine_adapter.trace.format import engine_step_line
 
 
@@ -77,8 +79,13 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
     by_cat = read_categories(settings.prompts) if settings.by_category else {"all": read_prompts(settings.prompts)}
     all_prompts = [p for ps in by_cat.values() for p in ps]
     max_seqs = max(max(settings.concurrency), 16)
-    base = dict(target=settings.target, draft=settings.draft, max_model_len=2048, max_num_seqs=max_seqs,
-                kv_cache_gib=settings.kv_cache_gib)
+    base = dict(
+        target=settings.target,
+        draft=settings.draft,
+        max_model_len=2048,
+        max_num_seqs=max_seqs,
+        kv_cache_gib=settings.kv_cache_gib,
+    )
     engines: dict[str, LiveEngine] = {}
     steps_out = settings.steps_out.open("w", encoding="utf-8") if settings.steps_out else None
     try:
@@ -89,8 +96,9 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
         ctl = counts = None
         if live_pols:
             k_max = k_needed(live_pols, settings.k_max)
-            cfg = EngineConfig(method=settings.method, k=min(3, k_max), k_max=k_max,
-                               idle_drafter=not settings.standing_drafter, **base)
+            cfg = EngineConfig(
+                method=settings.method, k=min(3, k_max), k_max=k_max, idle_drafter=not settings.standing_drafter, **base
+            )
             _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
             engines["live"] = live = await LiveEngine.launch(cfg)
             ctl = PolicyController(live.client, k_max, max_seqs)
@@ -100,11 +108,18 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
                 ctl.cost = None if settings.reprofile else load_cached(path, cfg.method == "draft")
                 if ctl.cost is None:
                     _say("== profiling the cost model")
-                    ctl.cost = await profile_engine(live.client, all_prompts, k_max, cfg.method == "draft",
-                                                    progress=lambda f, m: _say(f"   {m} ({f:.0%})"))
+                    ctl.cost = await profile_engine(
+                        live.client,
+                        all_prompts,
+                        k_max,
+                        cfg.method == "draft",
+                        progress=lambda f, m: _say(f"   {m} ({f:.0%})"),
+                    )
                     save_cached(path, ctl.cost)
-                _say(f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
-                     f"+{ctl.cost.slope_s * 1e3:.2f} ms/token")
+                _say(
+                    f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
+                    f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
+                )
                 # acceptance for "auto" before anything else ran: one short pass at K = k_max
                 await ctl.apply(PolicySpec("fixed", k_max))
                 counts.add((await run_policy(live, all_prompts[:4], 4, settings.max_tokens)).steps)
@@ -120,30 +135,47 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
                 runs: dict[str, list[Run]] = {p.name: [] for p in policies}
                 for rnd in range(settings.repeats):
                     # each round starts one policy later, so none always runs first
-                    for pol in policies[rnd % len(policies):] + policies[:rnd % len(policies)]:
+                    for pol in policies[rnd % len(policies) :] + policies[: rnd % len(policies)]:
                         if pol.spec is None:
                             engine = engines["off"]
                         else:
                             engine = engines["live"]
                             await ctl.apply(pol.spec, counts.alphas())
-                        run = (await run_policy_window(engine, prompts, c, settings.max_tokens, settings.window_s)
-                               if settings.window_s else await run_policy(engine, batch, c, settings.max_tokens))
+                        run = (
+                            await run_policy_window(engine, prompts, c, settings.max_tokens, settings.window_s)
+                            if settings.window_s
+                            else await run_policy(engine, batch, c, settings.max_tokens)
+                        )
                         if pol.spec is not None:
                             counts.add(run.steps)
                         runs[pol.name].append(run)
                         if steps_out is not None:
                             t0 = run.steps[0].t if run.steps else 0.0
                             for s in run.steps:
-                                steps_out.write(json.dumps({"policy": pol.name, "concurrency": c, "category": cat,
-                                                            "run": rnd + 1, **engine_step_line(s, t0)}) + "\n")
-                        _say(f"   c={c} {cat} {pol.name} run {rnd + 1}/{settings.repeats}: "
-                             f"{run.measured['tokens_per_s']:.2f} tok/s")
+                                steps_out.write(
+                                    json.dumps(
+                                        {
+                                            "policy": pol.name,
+                                            "concurrency": c,
+                                            "category": cat,
+                                            "run": rnd + 1,
+                                            **engine_step_line(s, t0),
+                                        }
+                                    )
+                                    + "\n"
+                                )
+                        _say(
+                            f"   c={c} {cat} {pol.name} run {rnd + 1}/{settings.repeats}: "
+                            f"{run.measured['tokens_per_s']:.2f} tok/s"
+                        )
                 for pol in policies:
                     row = {"policy": pol.name, "concurrency": c, **row_from_runs(runs[pol.name])}
                     if settings.by_category:
                         row["category"] = cat
-                    _say(f"   c={c} {cat} {pol.name}: median {row['total_tokens_per_s']:.2f} tok/s, "
-                         f"effective K {row['effective_k']}")
+                    _say(
+                        f"   c={c} {cat} {pol.name}: median {row['total_tokens_per_s']:.2f} tok/s, "
+                        f"effective K {row['effective_k']}"
+                    )
                     rows.append(row)
     finally:
         for e in engines.values():
@@ -156,4 +188,3 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
     keys = ["category"] if settings.by_category else []
     df["_p"] = df["policy"].map(order)
     return df.sort_values(keys + ["_p", "concurrency"], kind="stable").drop(columns="_p").reset_index(drop=True)
-

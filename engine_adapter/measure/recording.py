@@ -11,14 +11,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, validate_k_table
-from engine_adapter.service.load import run_prompts
 from engine_adapter.prompts import read_prompts
+from engine_adapter.service.load import run_prompts
 from engine_adapter.trace.format import request_line
-from dataclasses import dataclass
 
 
 @dataclass
@@ -44,10 +45,14 @@ class RecordSettings:
 async def record(settings: RecordSettings) -> dict[str, Any]:
     prompts = read_prompts(settings.prompts)
     config = EngineConfig(
-        method=settings.method, k=settings.k,
+        method=settings.method,
+        k=settings.k,
         k_table=validate_k_table(settings.k_table) if settings.k_table else None,
-        target=settings.target, draft=settings.draft, dtype=settings.dtype,
-        max_model_len=settings.max_model_len, kv_cache_gib=settings.kv_cache_gib,
+        target=settings.target,
+        draft=settings.draft,
+        dtype=settings.dtype,
+        max_model_len=settings.max_model_len,
+        kv_cache_gib=settings.kv_cache_gib,
     )
     if settings.attach:
         engine = await LiveEngine.attach(settings.attach, k_hint=settings.k)
@@ -58,8 +63,11 @@ async def record(settings: RecordSettings) -> dict[str, Any]:
     try:
         t0 = time.monotonic()
         results = await run_prompts(
-            engine.client, prompts, settings.concurrency,
-            max_tokens=settings.max_tokens, temperature=settings.temperature,
+            engine.client,
+            prompts,
+            settings.concurrency,
+            max_tokens=settings.max_tokens,
+            temperature=settings.temperature,
             on_result=lambda i, r: print(f"done {i + 1}/{len(prompts)}", file=sys.stderr),
         )
         wall = time.monotonic() - t0
@@ -83,11 +91,14 @@ async def record(settings: RecordSettings) -> dict[str, Any]:
         "vllm_version": engine.vllm_version,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    summary = {"type": "summary", "wall_s": wall, "total_tokens": total,
-               "tokens_per_second": total / wall if wall > 0 else 0.0}
+    summary = {
+        "type": "summary",
+        "wall_s": wall,
+        "total_tokens": total,
+        "tokens_per_second": total / wall if wall > 0 else 0.0,
+    }
     settings.out.parent.mkdir(parents=True, exist_ok=True)
     with settings.out.open("w", encoding="utf-8") as f:
         for obj in [run, *(request_line(r) for r in results), summary]:
             f.write(json.dumps(obj, ensure_ascii=False) + "\n")
     return summary
-

@@ -15,25 +15,40 @@ import statistics
 import time
 from dataclasses import dataclass
 from typing import Any
+
 import httpx
-from engine_adapter.measure.throughput import measure_results
+
+from engine_adapter.acceptance import PositionCounts, position_counts
 from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine_config import KTable
-from engine_adapter.acceptance import PositionCounts
-from engine_adapter.service.load import BackgroundLoad
-from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.engine.prometheus import fetch_snapshot
-from engine_adapter.acceptance import position_counts
+from engine_adapter.engine_config import KTable
+from engine_adapter.measure.throughput import measure_results
+from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.records import EngineStep, RequestResult
+from engine_adapter.service.load import BackgroundLoad
+
+COLUMNS = [
+    "policy",
+    "concurrency",
+    "total_tokens_per_s",
+    "per_request_tokens_per_s",
+    "mean_accepted_per_step",
+    "effective_k",
+    "draft_acceptance_rate",
+]
 
 
-COLUMNS = ["policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
-           "mean_accepted_per_step", "effective_k", "draft_acceptance_rate"]
-
-
-EXTRA_COLUMNS = ["acceptance_per_position", "acceptance_per_position_per_text",
-                 "runs", "total_tokens_per_s_min", "total_tokens_per_s_max", "measured_s",
-                 "mean_batch_size", "mean_step_s", "mean_tap_s"]
+EXTRA_COLUMNS = [
+    "acceptance_per_position",
+    "acceptance_per_position_per_text",
+    "runs",
+    "total_tokens_per_s_min",
+    "total_tokens_per_s_max",
+    "measured_s",
+    "mean_batch_size",
+    "mean_step_s",
+    "mean_tap_s",
+]
 
 
 @dataclass(frozen=True)
@@ -58,9 +73,15 @@ def parse_policy(name: str, table: KTable | None) -> Policy:
 
 def k_needed(policies: list[Policy], k_max: int) -> int:
     """num_speculative_tokens for the live engine: the largest K any policy asks for."""
-    ks = [k_max if p.spec.kind in ("auto", "auction") else
-          p.spec.k if p.spec.kind == "fixed" else max(r[2] for r in p.spec.table)
-          for p in policies if p.spec is not None]
+    ks = [
+        k_max
+        if p.spec.kind in ("auto", "auction")
+        else p.spec.k
+        if p.spec.kind == "fixed"
+        else max(r[2] for r in p.spec.table)
+        for p in policies
+        if p.spec is not None
+    ]
     return max(ks, default=k_max) or 1
 
 
@@ -116,8 +137,9 @@ async def run_policy(engine: LiveEngine, prompts: list[str], concurrency: int, m
     return Run(m | {"measured_s": m["wall_s"]}, steps, results)
 
 
-async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int,
-                            window_s: float, timeout_s: float = 600.0) -> Run:
+async def run_policy_window(
+    engine: LiveEngine, prompts: list[str], concurrency: int, max_tokens: int, window_s: float, timeout_s: float = 600.0
+) -> Run:
     """A steady closed loop: C requests always in flight (cycling through the prompts),
     measured over ``window_s`` seconds that start when the first request completes.
 
@@ -133,8 +155,14 @@ async def run_policy_window(engine: LiveEngine, prompts: list[str], concurrency:
     """
     results: list[RequestResult] = []
     watch = engine.client.tap.watch()
-    load = BackgroundLoad(engine.client, prompts, max_tokens=max_tokens, max_concurrency=concurrency,
-                          max_seconds=timeout_s + window_s, on_result=results.append)
+    load = BackgroundLoad(
+        engine.client,
+        prompts,
+        max_tokens=max_tokens,
+        max_concurrency=concurrency,
+        max_seconds=timeout_s + window_s,
+        on_result=results.append,
+    )
     try:
         load.set_concurrency(concurrency)
         deadline = time.monotonic() + timeout_s
@@ -196,8 +224,10 @@ async def _until_idle(engine: LiveEngine, timeout_s: float) -> None:
             if snap.running + snap.waiting == 0:
                 return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the engine still runs {snap.running:.0f} request(s) {timeout_s:.0f} s "
-                                   "after the closed loop stopped")
+                raise RuntimeError(
+                    f"the engine still runs {snap.running:.0f} request(s) {timeout_s:.0f} s "
+                    "after the closed loop stopped"
+                )
             await asyncio.sleep(0.2)
 
 
@@ -222,7 +252,8 @@ def row_from_runs(runs: list[Run]) -> dict[str, Any]:
         "acceptance_per_position": " ".join(f"{a / r:.4f}" for a, r in zip(here.accepted, here.reached) if r),
         # the same, each distinct prompt weighted once: comparable across levels
         "acceptance_per_position_per_text": " ".join(
-            f"{a:.4f}" for a in acceptance_per_text([x for r in runs for x in r.results])),
+            f"{a:.4f}" for a in acceptance_per_text([x for r in runs for x in r.results])
+        ),
         "runs": len(runs),
         "total_tokens_per_s_min": round(min(tps), 3),
         "total_tokens_per_s_max": round(max(tps), 3),
@@ -233,4 +264,3 @@ def row_from_runs(runs: list[Run]) -> dict[str, Any]:
         "mean_step_s": round(statistics.mean(s.wall_s for s in steps), 5) if steps else 0.0,
         "mean_tap_s": round(statistics.mean(s.tap_s for s in steps), 6) if steps else 0.0,
     }
-

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pandas as pd
 
-
 BASELINES = ["off", "k1", "k3", "k5"]
 
 
@@ -37,16 +36,31 @@ def check(df: pd.DataFrame) -> list[dict]:
                 continue
             for c, row in tps.iterrows():
                 best = row[base].max()
-                out.append({"target": "policy >= 0.97 x best fixed", "category": cat, "policy": policy,
-                            "concurrency": int(c), "value": round(row[policy] / best, 3),
-                            "best_of": row[base].idxmax(), "ok": bool(row[policy] >= 0.97 * best)})
+                out.append(
+                    {
+                        "target": "policy >= 0.97 x best fixed",
+                        "category": cat,
+                        "policy": policy,
+                        "concurrency": int(c),
+                        "value": round(row[policy] / best, 3),
+                        "best_of": row[base].idxmax(),
+                        "ok": bool(row[policy] >= 0.97 * best),
+                    }
+                )
         if cat in ("code", "all") and {"auction", "off"} <= set(tps.columns) and 1 in tps.index:
             r = tps.loc[1, "auction"] / tps.loc[1, "off"]
-            out.append({"target": "auction >= 1.3 x off at c=1, code", "category": cat, "policy": "auction",
-                        "concurrency": 1, "value": round(r, 3), "ok": bool(r >= 1.3)})
+            out.append(
+                {
+                    "target": "auction >= 1.3 x off at c=1, code",
+                    "category": cat,
+                    "policy": "auction",
+                    "concurrency": 1,
+                    "value": round(r, 3),
+                    "ok": bool(r >= 1.3),
+                }
+            )
         # same texts at both levels where the sweep measured it (older CSVs: pooled)
-        col = next((c for c in ("acceptance_per_position_per_text", "acceptance_per_position")
-                    if c in d.columns), None)
+        col = next((c for c in ("acceptance_per_position_per_text", "acceptance_per_position") if c in d.columns), None)
         c_lo, c_hi = d["concurrency"].min(), d["concurrency"].max()
         if col is not None and c_hi > c_lo:  # one level alone compares nothing
             for policy in [p for p in d["policy"].unique() if p.startswith("k")]:
@@ -59,8 +73,15 @@ def check(df: pd.DataFrame) -> list[dict]:
                     continue
                 # the CSV holds 4 decimals: 0.9000 - 0.8500 must read 0.05, not 0.05000000000000004
                 diff = round(max((abs(x - y) for x, y in zip(a, b)), default=0.0), 4)
-                out.append({"target": f"acceptance per position, c={int(c_hi)} vs c=1", "category": cat,
-                            "policy": policy, "concurrency": int(c_hi), "value": round(diff, 3),
-                            "column": col, "ok": bool(diff <= 0.05)})
+                out.append(
+                    {
+                        "target": f"acceptance per position, c={int(c_hi)} vs c=1",
+                        "category": cat,
+                        "policy": policy,
+                        "concurrency": int(c_hi),
+                        "value": round(diff, 3),
+                        "column": col,
+                        "ok": bool(diff <= 0.05),
+                    }
+                )
     return out
-

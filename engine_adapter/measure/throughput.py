@@ -12,13 +12,14 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
+
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.service.load import run_prompts
 from engine_adapter.prompts import load_presets
 from engine_adapter.records import RequestResult
-from dataclasses import dataclass
+from engine_adapter.service.load import run_prompts
 
 
 @dataclass
@@ -83,9 +84,16 @@ async def measure_results(
 
 
 def _config(settings: BenchSettings, method: str, tap: bool = True) -> EngineConfig:
-    return EngineConfig(method=method, k=settings.k, target=settings.target, draft=settings.draft,
-                        kv_cache_gib=settings.kv_cache_gib, max_model_len=2048,
-                        max_num_seqs=max(settings.concurrency), tap=tap)
+    return EngineConfig(
+        method=method,
+        k=settings.k,
+        target=settings.target,
+        draft=settings.draft,
+        kv_cache_gib=settings.kv_cache_gib,
+        max_model_len=2048,
+        max_num_seqs=max(settings.concurrency),
+        tap=tap,
+    )
 
 
 def _progress(p) -> None:
@@ -101,8 +109,12 @@ async def bench(settings: BenchSettings) -> list[dict[str, Any]]:
         try:
             await measure(engine, presets[:1], 1, 8)  # warm-up, not reported
             for c in settings.concurrency:
-                row = {"method": method, **await measure(
-                    engine, prompts_for(presets, max(c, settings.min_requests)), c, settings.max_tokens)}
+                row = {
+                    "method": method,
+                    **await measure(
+                        engine, prompts_for(presets, max(c, settings.min_requests)), c, settings.max_tokens
+                    ),
+                }
                 print(f"   c={c}: {row['tokens_per_s']:.1f} tok/s", file=sys.stderr)
                 rows.append(row)
         finally:
@@ -143,9 +155,12 @@ async def tap_overhead(settings: BenchSettings) -> dict[str, Any]:
                 "tokens_per_s_tap_on": statistics.median(speeds["on"]),
                 "tokens_per_s_tap_off": statistics.median(speeds["off"]),
                 "ratio_on_to_off": round(statistics.median(speeds["on"]) / statistics.median(speeds["off"]), 4),
-                "all_on": speeds["on"], "all_off": speeds["off"],
+                "all_on": speeds["on"],
+                "all_off": speeds["off"],
                 "tap_time_over_step_time_median": round(statistics.median(ratios), 6) if ratios else None,
-                "tap_time_over_step_time_p99": round(sorted(ratios)[int(0.99 * (len(ratios) - 1))], 6) if ratios else None,
+                "tap_time_over_step_time_p99": round(sorted(ratios)[int(0.99 * (len(ratios) - 1))], 6)
+                if ratios
+                else None,
                 "tap_time_over_step_time_max": round(max(ratios), 6) if ratios else None,
                 "steps_measured": len(ratios),
             }
@@ -153,4 +168,3 @@ async def tap_overhead(settings: BenchSettings) -> dict[str, Any]:
         for e in engines.values():
             await e.close()
     return out
-

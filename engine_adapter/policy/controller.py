@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.engine_config import KTable, check_table
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 
 PolicyKind = Literal["off", "fixed", "table", "auto", "auction"]
@@ -71,8 +71,9 @@ class PolicyController:
         if spec.kind not in POLICY_KINDS:
             raise ValueError(f"policy must be one of {', '.join(POLICY_KINDS)}; got {spec.kind!r}")
         if spec.kind == "fixed" and not 0 <= spec.k <= self.k_max:
-            raise ValueError(f"K must be between 0 and {self.k_max} (this engine's num_speculative_tokens); "
-                             f"got {spec.k}")
+            raise ValueError(
+                f"K must be between 0 and {self.k_max} (this engine's num_speculative_tokens); got {spec.k}"
+            )
         if spec.kind == "table":
             return PolicySpec("table", spec.k, check_table(spec.table, self.k_max))
         if spec.kind in ("auto", "auction") and self.cost is None:

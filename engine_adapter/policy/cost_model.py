@@ -13,8 +13,8 @@ i.e. a flat, memory-bound region (reading the weights once costs the same for
 model's own passes (0 for ngram/suffix drafting): its first pass, which yields
 the first draft and which an idle drafter skips at K=0 (``idle_drafter.py``;
 vLLM's own drafter runs it at any K, so there it is part of ``verify_s`` and
-``first_s`` fits to ~0), and one sequential pass per further position. ``step_s`` answers with the measured cell where one
-exists (the table) and the fitted curve elsewhere. The knee is chosen
+``first_s`` fits to ~0), and one sequential pass per further position. ``step_s`` answers
+with the measured cell where one exists (the table) and the fitted curve elsewhere. The knee is chosen
 by least squares over the measured token counts, so a CPU (knee near a handful
 of tokens) and a GPU (hundreds) go through the same code.
 
@@ -84,9 +84,7 @@ class CostModel:
         return cls(**{k: v for k, v in d.items() if k != "points"}, points=pts)
 
 
-def points_from_steps(
-    steps: Iterable[tuple[int, int, int, float]], min_samples: int = 3
-) -> list[CostPoint]:
+def points_from_steps(steps: Iterable[tuple[int, int, int, float]], min_samples: int = 3) -> list[CostPoint]:
     """Group (batch_size, k, num_tokens, step_s) observations into median cells.
 
     Only pure decode steps belong here (``num_tokens <= batch_size * (k + 1)``):
@@ -140,8 +138,13 @@ def fit_cost_model(points: Sequence[CostPoint], drafter_runs_model: bool = False
     err, knee, coef = best
     draft = coef[2:] if drafter_runs_model else np.zeros(4)
     return CostModel(
-        base_s=float(coef[0]), slope_s=float(coef[1]), knee_tokens=float(knee),
-        draft_s=float(draft[0]), draft_s_per_req=float(draft[1]),
-        first_s=float(draft[2]), first_s_per_req=float(draft[3]),
-        points=tuple(points), rmse_s=err,
+        base_s=float(coef[0]),
+        slope_s=float(coef[1]),
+        knee_tokens=float(knee),
+        draft_s=float(draft[0]),
+        draft_s_per_req=float(draft[1]),
+        first_s=float(draft[2]),
+        first_s_per_req=float(draft[3]),
+        points=tuple(points),
+        rmse_s=err,
     )

@@ -109,8 +109,11 @@ def auction(
     # a running minimum makes each request's scores non-increasing, so sorting
     # by (score desc, position asc) admits every request's positions in order
     order = sorted(
-        ((s, pos, rid) for rid, ss in scores.items()
-         for pos, s in enumerate(accumulate((float(x) for x in ss), min), 1)),
+        (
+            (s, pos, rid)
+            for rid, ss in scores.items()
+            for pos, s in enumerate(accumulate((float(x) for x in ss), min), 1)
+        ),
         key=lambda x: (-x[0], x[1], x[2]),
     )
     fixed = cost.draft_cost_s(b, k_drafted)
@@ -169,8 +172,8 @@ def best_ceiling(
     auction would deny anyway. Returns (K, best expected tokens/s for each K).
     """
     k_max = max((len(s) for s in scores.values()), default=0)
-    rates = [max(auction({r: s[:k] for r, s in scores.items()}, cost, batch_size, k_drafted=k).rate_by_slots)
-             for k in range(k_max + 1)]
+    rates = [
+        max(auction({r: s[:k] for r, s in scores.items()}, cost, batch_size, k_drafted=k).rate_by_slots)
+        for k in range(k_max + 1)
+    ]
     return max(range(k_max + 1), key=lambda k: (rates[k], -k)), rates
-
-

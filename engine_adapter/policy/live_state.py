@@ -26,14 +26,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine_adapter.policy.cost_model import CostModel
-from engine_adapter.engine_config import EngineConfig
 from engine_adapter.acceptance import PositionCounts
+from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicyController, PolicySpec, PolicyState
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.records import EngineStep
-
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 
@@ -90,16 +89,20 @@ class LivePolicy:
         client = engine.client
         if config is None or not client.live_policies or config.k_max is None:
             self.controller = None
-            self._why_not = ("an attached server takes no live policies" if config is None else
-                             "this engine was started without live K policies (k_max)")
+            self._why_not = (
+                "an attached server takes no live policies"
+                if config is None
+                else "this engine was started without live K policies (k_max)"
+            )
             return
         self._why_not = None
         ctl = PolicyController(client, config.k_max, config.max_num_seqs)
         self.controller = ctl
         # the engine starts in table mode: a fixed K (or the configured table) is in force
         spec = PolicySpec("table", config.k, config.k_table) if config.k_table else PolicySpec("fixed", config.k)
-        ctl.state = PolicyState(spec, config.k_table or [(1, config.max_num_seqs, config.k)],
-                                client.controls_sent, time.monotonic())
+        ctl.state = PolicyState(
+            spec, config.k_table or [(1, config.max_num_seqs, config.k)], client.controls_sent, time.monotonic()
+        )
         self.changes.append((time.monotonic(), spec.to_dict()))
         ctl.cost = load_cached(config_cache_path(config), config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
@@ -158,7 +161,10 @@ class LivePolicy:
         ctl, cfg = self.controller, self._config
         try:
             cost = await profile_engine(
-                ctl.client, self._prompts, ctl.k_max, cfg.method == "draft",
+                ctl.client,
+                self._prompts,
+                ctl.k_max,
+                cfg.method == "draft",
                 progress=lambda f, msg: setattr(self, "_profiling", f"{msg} ({f:.0%})"),
                 **self.profile_kwargs,
             )
@@ -200,10 +206,17 @@ class LivePolicy:
                     break
         alphas = self.alphas() if ctl else []
         return PolicyView(
-            available=ctl is not None, why_not=self._why_not, state=state,
-            cost=ctl.cost if ctl else None, cost_source=self._cost_source, profiling=self._profiling,
-            error=self._error, applied_seq=applied, k_max=ctl.k_max if ctl else 0,
-            alphas=alphas, auto_preview=self._auto_preview(ctl, alphas),
+            available=ctl is not None,
+            why_not=self._why_not,
+            state=state,
+            cost=ctl.cost if ctl else None,
+            cost_source=self._cost_source,
+            profiling=self._profiling,
+            error=self._error,
+            applied_seq=applied,
+            k_max=ctl.k_max if ctl else 0,
+            alphas=alphas,
+            auto_preview=self._auto_preview(ctl, alphas),
         )
 
     def _auto_preview(self, ctl: PolicyController | None, alphas: list[float]) -> AutoTable | None:

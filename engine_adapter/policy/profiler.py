@@ -27,8 +27,8 @@ import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.engine.models import default_cache_dir
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.records import EngineStep
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
@@ -47,10 +47,18 @@ def cache_path(key: dict) -> Path:
 
 def config_cache_path(config) -> Path:
     """The cache file for an ``EngineConfig``'s cost model (the app and the sweep share it)."""
-    return cache_path({"target": config.target, "draft": config.draft if config.method == "draft" else None,
-                       "method": config.method, "dtype": config.dtype, "k_max": config.k_max,
-                       "reserved_cpus": config.reserved_cpus, "vllm": "0.32.0",
-                       "idle_drafter": config.drafter_idles})
+    return cache_path(
+        {
+            "target": config.target,
+            "draft": config.draft if config.method == "draft" else None,
+            "method": config.method,
+            "dtype": config.dtype,
+            "k_max": config.k_max,
+            "reserved_cpus": config.reserved_cpus,
+            "vllm": "0.32.0",
+            "idle_drafter": config.drafter_idles,
+        }
+    )
 
 
 def _cpu_name() -> str:
@@ -107,10 +115,7 @@ async def profile_engine(
             max_tokens = (steps_per_cell + 3) * (k + 1)
             while not q.empty():
                 q.get_nowait()
-            tasks = [
-                asyncio.create_task(_drain(client, prompts[i % len(prompts)], max_tokens))
-                for i in range(b)
-            ]
+            tasks = [asyncio.create_task(_drain(client, prompts[i % len(prompts)], max_tokens)) for i in range(b)]
             try:
                 await asyncio.wait_for(asyncio.gather(*tasks), cell_timeout_s)
             except TimeoutError:
@@ -132,8 +137,9 @@ async def profile_engine(
 
 
 async def _drain(client, prompt: str, max_tokens: int) -> None:
-    async with contextlib.aclosing(client.generate(prompt, max_tokens=max_tokens, temperature=0.0,
-                                                   ignore_eos=True)) as items:
+    async with contextlib.aclosing(
+        client.generate(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    ) as items:
         async for _ in items:  # closed at once if the profile is cancelled
             pass
 
@@ -143,4 +149,3 @@ def observed_points(steps: Sequence[EngineStep], since: float = 0.0) -> list[Cos
     return points_from_steps(
         [(s.batch_size, s.k, s.num_tokens, s.interval_s) for s in steps if s.t > since], min_samples=3
     )
-

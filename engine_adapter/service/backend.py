@@ -32,8 +32,17 @@ if TYPE_CHECKING:  # types only: the explorer never imports the engine or the po
     from engine_adapter.service.load import LoadStats
 
 __all__ = [
-    "LIVE", "POLICY_KINDS", "REPLAY", "Backend", "BackgroundShare", "Capabilities", "PolicyKind", "PolicySpec",
-    "ReplayInfo", "ServiceStatus", "State",
+    "LIVE",
+    "POLICY_KINDS",
+    "REPLAY",
+    "Backend",
+    "BackgroundShare",
+    "Capabilities",
+    "PolicyKind",
+    "PolicySpec",
+    "ReplayInfo",
+    "ServiceStatus",
+    "State",
 ]
 
 # "restarting": the engine died or hung; the watchdog restarts it after a back-off (status.error says why)
@@ -115,7 +124,12 @@ class Backend(Protocol):
 
     # --- requests
     def stream(
-        self, prompt: str, *, max_tokens: int, temperature: float, reference: bool = False,
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float,
+        reference: bool = False,
         request_id: str | None = None,
     ) -> AsyncIterator[Step | RequestResult]: ...
 

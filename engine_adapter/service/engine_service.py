@@ -30,17 +30,18 @@ from typing import Any
 
 import httpx
 
-from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine_config import EngineConfig
 from engine_adapter.engine.launcher import StartProgress
-from engine_adapter.service.load import BackgroundLoad, LoadStats
-from engine_adapter.service.fair_share import SessionLoads
+from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.prometheus import PromSnapshot, fetch_snapshot
+from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicySpec, PolicyState
 from engine_adapter.policy.live_state import LivePolicy, PolicyView
-from engine_adapter.engine.prometheus import PromSnapshot, fetch_snapshot
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import LIVE, BackgroundShare, ReplayInfo, ServiceStatus, State
+from engine_adapter.service.fair_share import SessionLoads
+from engine_adapter.service.load import BackgroundLoad, LoadStats
 from engine_adapter.service.watchdog import EngineGuard
+
 
 class EngineService:
     """The live ``Backend``: one vLLM engine (launched or attached), restartable, with load."""
@@ -103,8 +104,7 @@ class EngineService:
         self._status = replace(self._status, **kw)
 
     # --- for the watchdog (the service's own recovery, service/watchdog.py) --
-    def report_fault(self, *, state: State | None = None, error: str | None = None,
-                     fault: str | None = None) -> None:
+    def report_fault(self, *, state: State | None = None, error: str | None = None, fault: str | None = None) -> None:
         """Show an engine fault in ``status()``: the state, the message, the fault being recovered from."""
         kw: dict[str, Any] = {"error": error} if error is not None else {}
         if state is not None:
@@ -128,17 +128,25 @@ class EngineService:
     async def restart(self, config: EngineConfig) -> None:
         await self._call(self._restart(config, None))
 
-    async def _restart(self, config: EngineConfig | None, attach: tuple | None,
-                       expect_generation: int | None = None) -> None:
+    async def _restart(
+        self, config: EngineConfig | None, attach: tuple | None, expect_generation: int | None = None
+    ) -> None:
         async with self._lock:
             if expect_generation is not None and self._status.generation != expect_generation:
                 return  # the guard's restart, overtaken by a user's
             self._launch = (config, attach)
             old = self._status.config
             gen = self._status.generation + 1
-            self._set(state="starting", progress=StartProgress("stop", 0.0, "stopping the previous engine"),
-                      error=None, config=config, generation=gen, attached=attach is not None, url=None,
-                      fault=self._status.fault if expect_generation is not None else None)
+            self._set(
+                state="starting",
+                progress=StartProgress("stop", 0.0, "stopping the previous engine"),
+                error=None,
+                config=config,
+                generation=gen,
+                attached=attach is not None,
+                url=None,
+                fault=self._status.fault if expect_generation is not None else None,
+            )
             # the speculation-off twin survives a change of method or K
             await self._teardown(reference=config is None or old is None or config.target != old.target)
             try:
@@ -157,8 +165,12 @@ class EngineService:
                 self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
             self._tasks.append(self.guard.watch(engine, gen))
             await self.live_policy.engine_ready(engine, None if attach is not None else config)
-            self._set(state="ready", url=engine.url, progress=StartProgress("ready", 1.0, "engine ready"),
-                      vllm_version=engine.vllm_version)
+            self._set(
+                state="ready",
+                url=engine.url,
+                progress=StartProgress("ready", 1.0, "engine ready"),
+                vllm_version=engine.vllm_version,
+            )
             await self._apply_bg()  # the sessions' load survives a restart
 
     async def _teardown(self, reference: bool = True) -> None:
@@ -255,7 +267,12 @@ class EngineService:
             return self._reference
 
     async def stream(
-        self, prompt: str, *, max_tokens: int, temperature: float, reference: bool = False,
+        self,
+        prompt: str,
+        *,
+        max_tokens: int,
+        temperature: float,
+        reference: bool = False,
         request_id: str | None = None,
     ) -> AsyncIterator[Step | RequestResult]:
         """Foreground request; items cross from the service loop to the caller's.
@@ -275,8 +292,11 @@ class EngineService:
         async def produce() -> None:
             try:
                 # aclosing: Stop (a cancel) closes the stream at once and vLLM aborts the request
-                async with contextlib.aclosing(engine.client.generate(
-                        prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id)) as items:
+                async with contextlib.aclosing(
+                    engine.client.generate(
+                        prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id
+                    )
+                ) as items:
                     async for item in items:
                         caller.call_soon_threadsafe(out.put_nowait, item)
             except Exception as e:
@@ -303,7 +323,9 @@ class EngineService:
     def _ensure_bg(self) -> BackgroundLoad:
         if self._bg is None:
             self._bg = BackgroundLoad(
-                self._engine.client, self._bg_prompts, max_tokens=self.background_max_tokens,
+                self._engine.client,
+                self._bg_prompts,
+                max_tokens=self.background_max_tokens,
                 max_concurrency=self.max_background,
             )
         return self._bg
@@ -349,8 +371,13 @@ class EngineService:
 
     def background_share(self, session: str) -> BackgroundShare:
         granted = self._sessions.granted()
-        return BackgroundShare(self._sessions.asks.get(session, 0), granted.get(session, 0),
-                               sum(granted.values()), len(self._sessions.asks), self._sessions.cap)
+        return BackgroundShare(
+            self._sessions.asks.get(session, 0),
+            granted.get(session, 0),
+            sum(granted.values()),
+            len(self._sessions.asks),
+            self._sessions.cap,
+        )
 
     async def _janitor(self) -> None:
         while True:

@@ -23,9 +23,7 @@ from engine_adapter.engine.client import EngineClient
 from engine_adapter.records import RequestResult
 
 
-async def _run_one(
-    client: EngineClient, prompt: str, max_tokens: int, temperature: float
-) -> RequestResult:
+async def _run_one(client: EngineClient, prompt: str, max_tokens: int, temperature: float) -> RequestResult:
     result = None
     # aclosing: a cancelled task closes the stream (and vLLM aborts the request) at
     # once, not whenever the abandoned generator happens to be collected
@@ -133,8 +131,11 @@ class BackgroundLoad:
         # (seen: tests' loads ran on to max_seconds after stop()). The symptom, cancelled()
         # False with cancelling() 1, is anyio's issue #1214 (a CancelScope in the HTTP
         # stack swallows a concurrent native Task.cancel()); not reproduced in isolation.
-        while (time.monotonic() < self._deadline and self._started < self.max_requests
-               and not (me is not None and me.cancelling())):
+        while (
+            time.monotonic() < self._deadline
+            and self._started < self.max_requests
+            and not (me is not None and me.cancelling())
+        ):
             self._started += 1
             try:
                 result = await _run_one(self.client, next(self._prompts), self.max_tokens, self.temperature)

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.service.load import LoadStats
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import REPLAY, BackgroundShare, ReplayInfo, ServiceStatus
+from engine_adapter.service.load import LoadStats
 from engine_adapter.trace.format import SessionTrace, read_session
 
 HISTORY_S = 600.0  # how far back steps_since / load_changes look, in recorded seconds
@@ -50,8 +50,11 @@ def _config_from_header(header: dict[str, Any]) -> EngineConfig | None:
     names = {f.name for f in fields(EngineConfig)}
     kw = {k: v for k, v in cfg.items() if k in names}
     if not kw:
-        kw = {k: header[k] for k in ("method", "k", "k_table", "target", "draft", "dtype")
-              if header.get(k) is not None and k in names}
+        kw = {
+            k: header[k]
+            for k in ("method", "k", "k_table", "target", "draft", "dtype")
+            if header.get(k) is not None and k in names
+        }
     if kw.get("method") == "attach":
         return None
     if kw.get("k_table") is not None:
@@ -67,8 +70,9 @@ class ReplayService:
 
     capabilities = REPLAY
 
-    def __init__(self, path: str | Path, *, speed: float = 1.0, loop: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, path: str | Path, *, speed: float = 1.0, loop: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if not speed > 0:
             raise ValueError(f"replay speed must be > 0; got {speed}")
         self.path = Path(path)
@@ -116,10 +120,16 @@ class ReplayService:
         pos = self.position_s()
         note = self._note[1] if self._note and self._clock() - self._note[0] < NOTE_S else None
         return ReplayInfo(
-            path=str(self.path), speed=self.speed, duration_s=self.duration_s, position_s=pos,
-            loop=int(played // self.duration_s) if self.loop else 0, header=self.trace.header,
-            num_steps=len(self.trace.steps), num_requests=len(self.trace.requests),
-            load=self._load_at(pos), note=note,
+            path=str(self.path),
+            speed=self.speed,
+            duration_s=self.duration_s,
+            position_s=pos,
+            loop=int(played // self.duration_s) if self.loop else 0,
+            header=self.trace.header,
+            num_steps=len(self.trace.steps),
+            num_requests=len(self.trace.requests),
+            load=self._load_at(pos),
+            note=note,
         )
 
     def _say(self, message: str) -> None:
@@ -128,12 +138,21 @@ class ReplayService:
     # --- EngineService's surface ---------------------------------------------
     def status(self) -> ServiceStatus:
         state = "stopped" if self._closed else "ready"
-        return ServiceStatus(state=state, progress=None, error=None, config=self._config,
-                             url=f"replay:{self.path.name}", attached=False, generation=1)
+        return ServiceStatus(
+            state=state,
+            progress=None,
+            error=None,
+            config=self._config,
+            url=f"replay:{self.path.name}",
+            attached=False,
+            generation=1,
+        )
 
     def start(self, config: EngineConfig | None = None) -> Future:
-        self._say("This is a replay of a recorded session: engine settings cannot change it. "
-                  "Start `python app.py` (without --replay) for a live engine.")
+        self._say(
+            "This is a replay of a recorded session: engine settings cannot change it. "
+            "Start `python app.py` (without --replay) for a live engine."
+        )
         fut: Future = Future()
         fut.set_result(None)
         return fut
@@ -181,8 +200,10 @@ class ReplayService:
 
     async def set_background(self, n: int, session: str = "default") -> int:
         pos = self.position_s()
-        self._say("This is a replay: the background load is the recorded one "
-                  f"({self._load_at(pos)} requests at this point); the slider cannot change it.")
+        self._say(
+            "This is a replay: the background load is the recorded one "
+            f"({self._load_at(pos)} requests at this point); the slider cannot change it."
+        )
         return self._load_at(pos)
 
     def background_stats(self) -> LoadStats | None:
@@ -216,8 +237,11 @@ class ReplayService:
         played = self.played_s(now)
         out = []
         for base, lo, hi in self._windows(played, HISTORY_S):
-            out += [(now - (played - (base + p["t"])), {k: v for k, v in p.items() if k not in ("type", "t")})
-                    for p in self.trace.policies if lo < p["t"] <= hi]
+            out += [
+                (now - (played - (base + p["t"])), {k: v for k, v in p.items() if k not in ("type", "t")})
+                for p in self.trace.policies
+                if lo < p["t"] <= hi
+            ]
         return out
 
     def policy_view(self):
@@ -226,9 +250,19 @@ class ReplayService:
 
         cfg = self._config
         k_max = (cfg.k_max or cfg.k) if cfg is not None else 0
-        return PolicyView(available=False, why_not="this is a replay of a recorded session, with no engine to "
-                          "apply a policy to (the recorded K is in the live charts)", state=None, cost=None,
-                          cost_source=None, profiling=None, error=None, applied_seq=None, k_max=k_max, alphas=[])
+        return PolicyView(
+            available=False,
+            why_not="this is a replay of a recorded session, with no engine to "
+            "apply a policy to (the recorded K is in the live charts)",
+            state=None,
+            cost=None,
+            cost_source=None,
+            profiling=None,
+            error=None,
+            applied_seq=None,
+            k_max=k_max,
+            alphas=[],
+        )
 
     async def set_policy(self, spec: Any) -> None:
         raise RuntimeError("this is a replay of a recorded session: K policies need a live engine (python app.py)")
@@ -258,17 +292,26 @@ class ReplayService:
         return self.trace.requests[self._cursor % len(self.trace.requests) if i is None else i].prompt
 
     async def stream(
-        self, prompt: str, *, max_tokens: int = 0, temperature: float = 0.0, reference: bool = False,
+        self,
+        prompt: str,
+        *,
+        max_tokens: int = 0,
+        temperature: float = 0.0,
+        reference: bool = False,
         request_id: str | None = None,  # EngineService's; a replay keeps the recorded ids
     ) -> AsyncIterator[Step | RequestResult]:
         """Play a recorded foreground request (``max_tokens``/``temperature`` are the recorded ones)."""
         if reference:
-            raise RuntimeError("this is a replay of a recorded session: there is no engine to run the "
-                               "speculation-off twin on. The lossless check needs a live engine (python app.py).")
+            raise RuntimeError(
+                "this is a replay of a recorded session: there is no engine to run the "
+                "speculation-off twin on. The lossless check needs a live engine (python app.py)."
+            )
         reqs = self.trace.requests
         if not reqs:
-            raise RuntimeError("this recording holds no foreground request to replay (only the background "
-                               "load); the live charts still replay it.")
+            raise RuntimeError(
+                "this recording holds no foreground request to replay (only the background "
+                "load); the live charts still replay it."
+            )
         i = self._find(prompt)
         if i is None:
             i = self._cursor % len(reqs)
@@ -285,4 +328,3 @@ class ReplayService:
         if delay > 0:
             await asyncio.sleep(min(delay, 5.0))
         yield result
-

@@ -131,8 +131,14 @@ class HealthJudge:
         self._busy = False
 
     def observe(
-        self, now: float, *, returncode: int | None, health: int | None, in_flight: int = 0,
-        steps_seen: int | None = None, http_t: float | None = None,
+        self,
+        now: float,
+        *,
+        returncode: int | None,
+        health: int | None,
+        in_flight: int = 0,
+        steps_seen: int | None = None,
+        http_t: float | None = None,
     ) -> Fault | None:
         """``returncode``: None while the process runs (or unknown); ``health``: /health's
         status code, None when it did not answer in time or refused the connection;
@@ -162,13 +168,19 @@ class HealthJudge:
             self._busy, self._steps, self.last_progress = True, steps_seen, now
             return None
         if now - self.last_progress >= self.s.stall_after_s:
-            return Fault("stalled", f"{who} stopped stepping ({in_flight} requests in flight, no engine step "
-                                    f"for {now - self.last_progress:.0f} s)")
+            return Fault(
+                "stalled",
+                f"{who} stopped stepping ({in_flight} requests in flight, no engine step "
+                f"for {now - self.last_progress:.0f} s)",
+            )
         return None
 
 
 async def watch_engine(
-    engine: LiveEngine, settings: WatchdogSettings, *, clock=time.monotonic,
+    engine: LiveEngine,
+    settings: WatchdogSettings,
+    *,
+    clock=time.monotonic,
 ) -> Fault:
     """Check ``engine`` every ``interval_s`` until a fault, and return it."""
     proc = engine.process
@@ -185,9 +197,14 @@ async def watch_engine(
                     health = None
                 rc = proc.returncode if proc is not None else None  # it may have died meanwhile
             tap = engine.client.tap
-            fault = judge.observe(clock(), returncode=rc, health=health, in_flight=engine.client.in_flight,
-                                  steps_seen=tap.steps_seen if tap is not None else None,
-                                  http_t=engine.client.last_chunk_t)
+            fault = judge.observe(
+                clock(),
+                returncode=rc,
+                health=health,
+                in_flight=engine.client.in_flight,
+                steps_seen=tap.steps_seen if tap is not None else None,
+                http_t=engine.client.last_chunk_t,
+            )
             if fault is None:
                 continue
             if proc is not None:
@@ -207,8 +224,7 @@ class EngineGuard:
         self.service = service
         self.settings = settings or WatchdogSettings()
         self.enabled = True
-        self.backoff = Backoff(self.settings.backoff_base_s, self.settings.backoff_cap_s,
-                               self.settings.healthy_reset_s)
+        self.backoff = Backoff(self.settings.backoff_base_s, self.settings.backoff_cap_s, self.settings.healthy_reset_s)
         self.faults: list[tuple[float, Fault]] = []  # (monotonic t, fault), for tests and the recorder
         self._recovery: asyncio.Task | None = None
 
@@ -223,7 +239,10 @@ class EngineGuard:
     def _sync(self) -> None:  # settings may be changed at any time (tests do)
         s = self.settings
         self.backoff.base_s, self.backoff.cap_s, self.backoff.healthy_reset_s = (
-            s.backoff_base_s, s.backoff_cap_s, s.healthy_reset_s)
+            s.backoff_base_s,
+            s.backoff_cap_s,
+            s.healthy_reset_s,
+        )
 
     async def _watch(self, engine: LiveEngine, generation: int) -> None:
         if not self.enabled:
@@ -241,8 +260,11 @@ class EngineGuard:
         cause = f"{message} (at {stamp}{where})"
         self._sync()
         attempt, delay = self.backoff.next(time.monotonic())
-        svc.report_fault(state="restarting", fault=cause,  # the page says so at its next tick
-                         error=f"{cause}; restarting in {math.ceil(delay)} s (attempt {attempt})")
+        svc.report_fault(
+            state="restarting",
+            fault=cause,  # the page says so at its next tick
+            error=f"{cause}; restarting in {math.ceil(delay)} s (attempt {attempt})",
+        )
         # requests first (their streams would end with a vaguer "connection closed"), then the process:
         engine.client.fail_all(f"{message}; the engine is restarting")
         if hung:  # a hung group ignores SIGTERM: end it now
@@ -260,8 +282,9 @@ class EngineGuard:
             while (left := deadline - time.monotonic()) > 0:
                 if svc.status().generation != generation:
                     return  # a user's restart or stop took over
-                svc.report_fault(state="restarting",
-                                 error=f"{cause}; restarting in {math.ceil(left)} s (attempt {attempt})")
+                svc.report_fault(
+                    state="restarting", error=f"{cause}; restarting in {math.ceil(left)} s (attempt {attempt})"
+                )
                 await asyncio.sleep(min(1.0, left))
             if svc.status().generation != generation:
                 return

@@ -1,7 +1,8 @@
 """Session traces: a whole explorer session as JSONL, written and read back.
 
-Contract: a session trace extends the recorder's trace format (docs/trace-format.md); one JSON object per line, every ``t`` in seconds since the session
-started (the moment the engine was first ready), floats rounded:
+Contract: a session trace extends the recorder's trace format (docs/trace-format.md);
+one JSON object per line, every ``t`` in seconds since the session started (the moment
+the engine was first ready), floats rounded:
 
 - ``{"type": "run", "session": true, ...}``: first line; the engine config,
   vLLM version, start date.
@@ -80,7 +81,6 @@ def request_line(result: RequestResult) -> dict[str, Any]:
         "ttft_s": (result.t_first_token - result.t_start) if result.t_first_token else None,
         "wall_s": result.t_end - result.t_start,
     }
-
 
 
 def session_header(
@@ -188,22 +188,49 @@ def request_from_line(d: dict[str, Any]) -> RequestResult:
         texts = s.get("texts") or [f"⟨{i}⟩" for i in emitted]
         k, bs = s.get("k", 0), s.get("batch_size", 0)
         tokens = [
-            Token(id=tid, text=text, kind=kind, step=index,
-                  draft_pos=(j + 1) if kind == "accepted" else None, k=k, batch_size=bs,
-                  draft_id=drafted[j] if drafted is not None and j < len(drafted) else None)
+            Token(
+                id=tid,
+                text=text,
+                kind=kind,
+                step=index,
+                draft_pos=(j + 1) if kind == "accepted" else None,
+                k=k,
+                batch_size=bs,
+                draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
+            )
             for j, (tid, kind, text) in enumerate(zip(emitted, kinds, texts))
         ]
-        rejected_ids = (drafted or [])[s["accepted"]:]
+        rejected_ids = (drafted or [])[s["accepted"] :]
         rtexts = s.get("rejected_texts") or [f"⟨{i}⟩" for i in rejected_ids]
         rejected = [
-            Token(id=did, text=text, kind="rejected", step=index, draft_pos=s["accepted"] + j + 1,
-                  k=k, batch_size=bs, draft_id=did)
+            Token(
+                id=did,
+                text=text,
+                kind="rejected",
+                step=index,
+                draft_pos=s["accepted"] + j + 1,
+                k=k,
+                batch_size=bs,
+                draft_id=did,
+            )
             for j, (did, text) in enumerate(zip(rejected_ids, rtexts))
         ]
-        steps.append(Step(index=index, t=s.get("t", 0.0), wall_s=s.get("wall_s", 0.0), batch_size=bs, k=k,
-                          drafted=list(drafted) if drafted is not None else None, num_drafted=num_drafted,
-                          accepted=s["accepted"], emitted=emitted, tokens=tokens, rejected=rejected,
-                          drafter_idle=bool(s.get("drafter_idle", False))))
+        steps.append(
+            Step(
+                index=index,
+                t=s.get("t", 0.0),
+                wall_s=s.get("wall_s", 0.0),
+                batch_size=bs,
+                k=k,
+                drafted=list(drafted) if drafted is not None else None,
+                num_drafted=num_drafted,
+                accepted=s["accepted"],
+                emitted=emitted,
+                tokens=tokens,
+                rejected=rejected,
+                drafter_idle=bool(s.get("drafter_idle", False)),
+            )
+        )
     if steps:
         steps[-1].finish_reason = d.get("finish_reason")
     wall = d.get("wall_s") or 0.0
@@ -232,10 +259,19 @@ def load_line(t: float, concurrency: int) -> dict[str, Any]:
     return {"type": "load", "t": _r(t), "concurrency": int(concurrency)}
 
 
-def background_line(t: float, target: int, in_flight: int, completed: int, failed: int, tokens: int,
-                    tokens_per_s: float) -> dict[str, Any]:
-    return {"type": "background", "t": _r(t), "target": target, "in_flight": in_flight,
-            "completed": completed, "failed": failed, "tokens": tokens, "tokens_per_s": _r(tokens_per_s, 2)}
+def background_line(
+    t: float, target: int, in_flight: int, completed: int, failed: int, tokens: int, tokens_per_s: float
+) -> dict[str, Any]:
+    return {
+        "type": "background",
+        "t": _r(t),
+        "target": target,
+        "in_flight": in_flight,
+        "completed": completed,
+        "failed": failed,
+        "tokens": tokens,
+        "tokens_per_s": _r(tokens_per_s, 2),
+    }
 
 
 def policy_line(t: float, change: dict[str, Any]) -> dict[str, Any]:

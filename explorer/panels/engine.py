@@ -22,8 +22,9 @@ from engine_adapter.service.backend import Backend
 from explorer.panels.presenter import Presenter, build_presenter_box
 from explorer.views.status import status_markdown
 
-METHOD_LABELS = MappingProxyType({"off": "off (no speculation)", "ngram": "ngram (prompt lookup)",
-                                  "draft": "draft model", "suffix": "suffix tree"})
+METHOD_LABELS = MappingProxyType(
+    {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)", "draft": "draft model", "suffix": "suffix tree"}
+)
 MAX_K = 8  # the K slider's top (EngineConfig.validate allows more)
 
 
@@ -41,8 +42,12 @@ class EnginePanel:
         """The "Engine" accordion; returns the presenter state (True once this page is unlocked)."""
         with gr.Accordion("Engine (restarts the engine)", open=True):
             self.unlocked = build_presenter_box(self.presenter)
-            self.method = gr.Radio([(METHOD_LABELS[m], m) for m in available_methods()], value=self.config.method,
-                                   label="Speculation method", elem_id="method")
+            self.method = gr.Radio(
+                [(METHOD_LABELS[m], m) for m in available_methods()],
+                value=self.config.method,
+                label="Speculation method",
+                elem_id="method",
+            )
             self.k = gr.Slider(1, MAX_K, value=self.config.k, step=1, label="K (num_speculative_tokens)")
             self.apply_btn = gr.Button("Apply engine settings", elem_id="apply")
         return self.unlocked

@@ -31,8 +31,12 @@ def build_csv_export(backend: Backend) -> None:
     """An 'Export chart data (CSV)' button with the file it makes, under the live chart."""
     with gr.Row():
         button = gr.Button("Export chart data (CSV)", elem_id="export-csv", scale=0, min_width=220)
-        out = gr.File(label=f"Live chart data, last {WINDOW_S / 60:g} minutes (t = seconds, 0 = now)",
-                      interactive=False, elem_id="chart-csv", height=80)
+        out = gr.File(
+            label=f"Live chart data, last {WINDOW_S / 60:g} minutes (t = seconds, 0 = now)",
+            interactive=False,
+            elem_id="chart-csv",
+            height=80,
+        )
 
     def export_csv() -> str:
         return str(write_chart_csv(backend))

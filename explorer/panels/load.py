@@ -46,8 +46,14 @@ class LoadPanel:
 
     def build_controls(self) -> None:
         with gr.Accordion("Background load", open=True):
-            self.load = gr.Slider(0, self.max_background, value=0, step=1, elem_id="load",
-                                  label="Concurrent background requests (closed loop, preset prompts)")
+            self.load = gr.Slider(
+                0,
+                self.max_background,
+                value=0,
+                step=1,
+                elem_id="load",
+                label="Concurrent background requests (closed loop, preset prompts)",
+            )
             self.readout = gr.Markdown("No background load.", elem_id="load-readout")
 
     def build_chart(self) -> None:
@@ -57,8 +63,7 @@ class LoadPanel:
     def wire(self, page: gr.Blocks, step_times: gr.State) -> None:
         # change (not release) so a typed number counts too; always_last coalesces a drag
         self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
-        gr.Timer(1.0).tick(self.refresh, step_times, [self.live, self.readout], api_name="live",
-                           show_progress="hidden")
+        gr.Timer(1.0).tick(self.refresh, step_times, [self.live, self.readout], api_name="live", show_progress="hidden")
         page.unload(self.leave)  # a closed tab or a reload ends the session: its background load stops
 
     async def set_load(self, n: float, request: gr.Request) -> str:

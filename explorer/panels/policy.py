@@ -71,23 +71,38 @@ class PolicyPanel:
         with gr.Accordion("K under load: live policy, cost model, auto table, slot auction", open=True):
             with gr.Row():
                 with gr.Column(scale=2, min_width=320):
-                    self.policy = gr.Radio(list(POLICY_LABELS), value="fixed", elem_id="policy",
-                                           label="K policy (applies live, no restart)")
-                    self.k = gr.Slider(0, max(k_max, 1), value=min(DEFAULT_FIXED_K, k_max), step=1,
-                                       label=f"K for 'fixed K' (this engine drafts at most {k_max})",
-                                       elem_id="policy-k")
+                    self.policy = gr.Radio(
+                        list(POLICY_LABELS),
+                        value="fixed",
+                        elem_id="policy",
+                        label="K policy (applies live, no restart)",
+                    )
+                    self.k = gr.Slider(
+                        0,
+                        max(k_max, 1),
+                        value=min(DEFAULT_FIXED_K, k_max),
+                        step=1,
+                        label=f"K for 'fixed K' (this engine drafts at most {k_max})",
+                        elem_id="policy-k",
+                    )
                     self.table = gr.Dataframe(
-                        value=table_value(DEFAULT_TABLE), headers=list(TABLE_HEADERS), column_count=(3, "fixed"),
-                        datatype=["number", "number", "number"], interactive=True,
+                        value=table_value(DEFAULT_TABLE),
+                        headers=list(TABLE_HEADERS),
+                        column_count=(3, "fixed"),
+                        datatype=["number", "number", "number"],
+                        interactive=True,
                         label="K table: inclusive [start_bs, end_bs, K]; first row starts at 1; gaps inherit; "
-                              "K=0 = no drafts", elem_id="k-table")
+                        "K=0 = no drafts",
+                        elem_id="k-table",
+                    )
                     self.checked = gr.Markdown(table_check(DEFAULT_TABLE, k_max), elem_id="table-check")
                     with gr.Row():
                         self.apply_btn = gr.Button("Apply policy", variant="primary", elem_id="apply-policy")
                         self.profile_btn = gr.Button("Profile the cost model again", elem_id="profile")
                     self.said = gr.Markdown("", elem_id="policy-said")  # the answer to this page's last click
-                    self.status = gr.Markdown(policy_status_markdown(self.backend.policy_view()),
-                                              elem_id="policy-status")  # live, for everyone
+                    self.status = gr.Markdown(
+                        policy_status_markdown(self.backend.policy_view()), elem_id="policy-status"
+                    )  # live, for everyone
                     self.in_force = gr.Markdown("", elem_id="table-in-force")
                 with gr.Column(scale=3, min_width=420):
                     self.step_plot = gr.Plot(show_label=False, elem_id="step-time")
@@ -97,18 +112,33 @@ class PolicyPanel:
 
     def wire(self, page: gr.Blocks, foreground: gr.State, unlocked: gr.State) -> None:
         # the check answers each edit, so an error shows before Apply (and a test can see the edit landed)
-        self.table.change(self.check_edit, self.table, self.checked, api_name="check_edit", show_progress="hidden",
-                          queue=False)
+        self.table.change(
+            self.check_edit, self.table, self.checked, api_name="check_edit", show_progress="hidden", queue=False
+        )
         # always_last: a click while the last apply still waits for the engine runs after it
         # (Gradio's default drops it, so a quick "table, then auction" kept the table)
-        self.apply_btn.click(self.apply, [self.policy, self.k, self.table, unlocked], self.said,
-                             api_name="set_policy", trigger_mode="always_last")
+        self.apply_btn.click(
+            self.apply,
+            [self.policy, self.k, self.table, unlocked],
+            self.said,
+            api_name="set_policy",
+            trigger_mode="always_last",
+        )
         self.profile_btn.click(self.profile, unlocked, self.said, api_name="profile")
-        page.load(self.controls_in_force, None, [self.policy, self.k, self.table], api_name="policy_controls",
-                  show_progress="hidden")
-        gr.Timer(1.0).tick(self.refresh, foreground,
-                           [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot],
-                           api_name="policy_live", show_progress="hidden")
+        page.load(
+            self.controls_in_force,
+            None,
+            [self.policy, self.k, self.table],
+            api_name="policy_controls",
+            show_progress="hidden",
+        )
+        gr.Timer(1.0).tick(
+            self.refresh,
+            foreground,
+            [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot],
+            api_name="policy_live",
+            show_progress="hidden",
+        )
 
     async def apply(self, kind: str, k_value: float, rows: Any, may: bool) -> str:
         if refusal := self.presenter.refusal(may):
@@ -156,8 +186,11 @@ class PolicyPanel:
         op = operating_point(recent)
         state = v.state
         auction_on = state is not None and state.spec.kind == "auction"
-        table_md = table_in_force_markdown(state.table if state else None, op[0] if op else None,
-                                           auction_on, v.k_max) if v.available else ""
+        table_md = (
+            table_in_force_markdown(state.table if state else None, op[0] if op else None, auction_on, v.k_max)
+            if v.available
+            else ""
+        )
         return {
             self.status: policy_status_markdown(v),
             self.in_force: table_md,
@@ -176,8 +209,9 @@ class PolicyPanel:
         return auto_figure(None, batch_size, "")
 
 
-def build_policy_panel(page: gr.Blocks, backend: Backend, foreground: gr.State, k_max: int, unlocked: gr.State,
-                       presenter: Presenter) -> PolicyPanel:
+def build_policy_panel(
+    page: gr.Blocks, backend: Backend, foreground: gr.State, k_max: int, unlocked: gr.State, presenter: Presenter
+) -> PolicyPanel:
     panel = PolicyPanel(backend, k_max, presenter)
     panel.build()
     panel.wire(page, foreground, unlocked)

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 import gradio as gr
 from gradio.components import Component
 
-SHARED_NOTICE = ("Engine-wide settings are shared: a change here (method, K, K policy) applies to everyone "
-                 "using this explorer right now.")
+SHARED_NOTICE = (
+    "Engine-wide settings are shared: a change here (method, K, K policy) applies to everyone "
+    "using this explorer right now."
+)
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,10 @@ class Presenter:
     def refusal(self, unlocked: bool) -> str | None:
         if not self.enabled or unlocked:
             return None
-        return ("🔒 Engine-wide settings are locked by the presenter (the app runs with --presenter-key). "
-                "Enter the presenter key above to change them; everything else on the page is yours.")
+        return (
+            "🔒 Engine-wide settings are locked by the presenter (the app runs with --presenter-key). "
+            "Enter the presenter key above to change them; everything else on the page is yours."
+        )
 
 
 def build_presenter_box(presenter: Presenter) -> gr.State:
@@ -47,15 +51,19 @@ def build_presenter_box(presenter: Presenter) -> gr.State:
         gr.Markdown(f"ⓘ {SHARED_NOTICE}", elem_id="shared-notice")
         return unlocked
     with gr.Row():
-        key = gr.Textbox(label="Presenter key (engine-wide settings are locked)", type="password",
-                         elem_id="presenter-key", scale=3)
+        key = gr.Textbox(
+            label="Presenter key (engine-wide settings are locked)", type="password", elem_id="presenter-key", scale=3
+        )
         unlock_btn = gr.Button("Unlock", elem_id="unlock", scale=1)
     said = gr.Markdown("🔒 Locked: method, K and the K policy are the presenter's.", elem_id="presenter-status")
 
     def unlock(attempt: str) -> dict[Component, object]:
         if presenter.check(attempt):
-            return {unlocked: True, said: "🔓 Unlocked for this page: your changes apply to everyone's engine.",
-                    key: ""}
+            return {
+                unlocked: True,
+                said: "🔓 Unlocked for this page: your changes apply to everyone's engine.",
+                key: "",
+            }
         return {unlocked: False, said: "✕ That is not the presenter key.", key: ""}
 
     unlock_btn.click(unlock, key, [unlocked, said, key], api_name="unlock")

@@ -44,8 +44,9 @@ def build_replay_panel(backend: Backend, prompt: gr.Textbox) -> None:
 
 def _recorded_requests(requests: list[RequestResult], prompt: gr.Textbox) -> None:
     choices = [(request_label(i, r.prompt, len(r.token_ids)), i) for i, r in enumerate(requests)]
-    pick = gr.Dropdown(choices, value=None, label=f"Recorded foreground requests ({len(requests)})",
-                       elem_id="replay-requests")
+    pick = gr.Dropdown(
+        choices, value=None, label=f"Recorded foreground requests ({len(requests)})", elem_id="replay-requests"
+    )
 
     def recorded_prompt(i: int | None) -> str:
         # a single output: skip() leaves the prompt as it is when the list is cleared

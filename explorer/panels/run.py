@@ -52,8 +52,9 @@ class RunPanel:
     # --- layout -----------------------------------------------------------------
     def build_prompt(self) -> gr.Textbox:
         self.preset = gr.Dropdown(preset_choices(self.presets), label="Preset (by task)", value=None)
-        self.prompt = gr.Textbox(label="Prompt", lines=5, max_lines=20, elem_id="prompt",
-                                 placeholder="Type a prompt or pick a preset")
+        self.prompt = gr.Textbox(
+            label="Prompt", lines=5, max_lines=20, elem_id="prompt", placeholder="Type a prompt or pick a preset"
+        )
         with gr.Row():
             self.run_btn = gr.Button("Run", variant="primary", elem_id="run")
             self.stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
@@ -61,8 +62,9 @@ class RunPanel:
 
     def build_generation(self) -> None:
         with gr.Accordion("Generation", open=True):
-            self.temperature = gr.Slider(0.0, SLIDER_MAX_TEMPERATURE, value=self.default_temperature, step=0.05,
-                                         label="Temperature")
+            self.temperature = gr.Slider(
+                0.0, SLIDER_MAX_TEMPERATURE, value=self.default_temperature, step=0.05, label="Temperature"
+            )
             self.max_tokens = gr.Slider(8, MAX_TOKENS, value=self.default_max_tokens, step=8, label="Max tokens")
 
     def build_outputs(self) -> None:
@@ -86,13 +88,16 @@ class RunPanel:
     def wire(self) -> None:
         self.preset.change(self.pick, self.preset, self.prompt, api_name="pick")
         inputs = [self.prompt, self.temperature, self.max_tokens]
-        outputs = [self.view, self.card, self.hist, self.pos, self.last, self.step_times, self.trace,
-                   self.request_id]
+        outputs = [self.view, self.card, self.hist, self.pos, self.last, self.step_times, self.trace, self.request_id]
         run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run")
         self.prompt.submit(self.run, inputs, outputs, api_name=False)
         self.stop_btn.click(None, None, None, cancels=[run_event])
-        self.check_btn.click(self.check, [self.last, self.temperature],
-                             [self.verdict, self.spec_text, self.plain_text], api_name="lossless")
+        self.check_btn.click(
+            self.check,
+            [self.last, self.temperature],
+            [self.verdict, self.spec_text, self.plain_text],
+            api_name="lossless",
+        )
 
     # --- handlers ----------------------------------------------------------------
     def pick(self, label: str | None) -> str:
@@ -123,14 +128,20 @@ class RunPanel:
                 if isinstance(item, Step):
                     steps.append(item)
                     times.append((item.t, len(item.emitted)))
-                    yield {self.view: token_view_value(steps, streaming=True, prompt=text),
-                           self.card: card_markdown(None, steps), self.step_times: times, self.request_id: rid}
+                    yield {
+                        self.view: token_view_value(steps, streaming=True, prompt=text),
+                        self.card: card_markdown(None, steps),
+                        self.step_times: times,
+                        self.request_id: rid,
+                    }
                 elif isinstance(item, RequestResult):
                     yield self._finished(item, text, times)
         except Exception as e:  # the page says what went wrong, and keeps what streamed
             what = "The request ended early" if steps else "The engine refused the request"
-            yield {self.view: token_view_value(steps, prompt=text, message=f"{what}: {e}", level="error"),
-                   self.step_times: times}
+            yield {
+                self.view: token_view_value(steps, prompt=text, message=f"{what}: {e}", level="error"),
+                self.step_times: times,
+            }
 
     def _finished(self, result: RequestResult, text: str, times: list[tuple[float, int]]) -> Updates:
         footer = f"{len(result.token_ids)} tokens, {len(result.steps)} engine steps"
@@ -150,17 +161,25 @@ class RunPanel:
         if result is None:
             yield {self.verdict: "Run a prompt first; the check repeats it with speculation off."}
             return
-        yield {self.verdict: "Running the same prompt with speculation off (the first check starts a second "
-                             "engine, about half a minute)…", self.spec_text: result.text, self.plain_text: ""}
+        yield {
+            self.verdict: "Running the same prompt with speculation off (the first check starts a second "
+            "engine, about half a minute)…",
+            self.spec_text: result.text,
+            self.plain_text: "",
+        }
         plain = None
         try:
-            async for item in self.backend.stream(result.prompt, max_tokens=len(result.token_ids),
-                                                  temperature=float(temp), reference=True):
+            async for item in self.backend.stream(
+                result.prompt, max_tokens=len(result.token_ids), temperature=float(temp), reference=True
+            ):
                 if isinstance(item, RequestResult):
                     plain = item
         except Exception as e:  # any failure: the page says why the check did not run
             yield {self.verdict: f"The check could not run: {e}"}
             return
         verdict = compare(result, plain, float(temp))
-        yield {self.verdict: verdict_markdown(verdict, result, plain), self.spec_text: result.text,
-               self.plain_text: plain.text}
+        yield {
+            self.verdict: verdict_markdown(verdict, result, plain),
+            self.spec_text: result.text,
+            self.plain_text: plain.text,
+        }

@@ -26,14 +26,16 @@ class SweepPanel:
 
     def build(self) -> None:
         first_name = self.shipped[0].path.name if self.shipped else None
-        with gr.Accordion("Sweep: speedup versus concurrency per policy (python -m engine_adapter.sweep)",
-                          open=False):
-            gr.Markdown("Measured by `python -m engine_adapter.sweep` on a live engine; pick a sweep shipped "
-                        "with the explorer (made on the machine named in its file name; the first is the sweep "
-                        "of record) or upload your own CSV.")
+        with gr.Accordion("Sweep: speedup versus concurrency per policy (python -m engine_adapter.sweep)", open=False):
+            gr.Markdown(
+                "Measured by `python -m engine_adapter.sweep` on a live engine; pick a sweep shipped "
+                "with the explorer (made on the machine named in its file name; the first is the sweep "
+                "of record) or upload your own CSV."
+            )
             with gr.Row():
-                self.pick = gr.Dropdown([s.path.name for s in self.shipped], value=first_name,
-                                        label="Shipped sweeps", elem_id="sweep-pick")
+                self.pick = gr.Dropdown(
+                    [s.path.name for s in self.shipped], value=first_name, label="Shipped sweeps", elem_id="sweep-pick"
+                )
                 self.upload = gr.File(label="…or your sweep CSV", file_types=[".csv"], elem_id="sweep-upload")
             message, fig, table = self._shipped(first_name) if first_name else ("No sweep shipped yet.", None, None)
             self.message = gr.Markdown(message)

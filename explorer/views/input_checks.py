@@ -26,8 +26,10 @@ def check_run(prompt: object, temperature: object, max_tokens: object) -> str | 
     if not isinstance(prompt, str) or not prompt.strip():
         return "Type a prompt (or pick a preset) first."
     if len(prompt) > MAX_PROMPT_CHARS:
-        return (f"The prompt is {len(prompt)} characters long; the limit here is {MAX_PROMPT_CHARS}. "
-                "Shorten it and run again.")
+        return (
+            f"The prompt is {len(prompt)} characters long; the limit here is {MAX_PROMPT_CHARS}. "
+            "Shorten it and run again."
+        )
     t = _number(temperature)
     if t is None or not 0.0 <= t <= MAX_TEMPERATURE:
         return f"Temperature must be a number from 0 to {MAX_TEMPERATURE:g}; got {temperature!r}."

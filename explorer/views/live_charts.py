@@ -39,17 +39,23 @@ BIN_S = 2.0  # seconds per bin
 POSITION_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
-def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = WINDOW_S,
-              bin_s: float = BIN_S) -> pd.DataFrame:
+def bin_steps(
+    steps: Sequence[EngineStep], now: float, window_s: float = WINDOW_S, bin_s: float = BIN_S
+) -> pd.DataFrame:
     rows = []
     for s in steps:
         if now - s.t > window_s:
             continue
         row = {
             "bin": (s.t - now) // bin_s * bin_s + bin_s / 2,
-            "k": s.k, "batch": s.batch_size, "emitted": s.num_emitted,
-            "drafted": s.num_drafted, "accepted": s.num_accepted,
-            "drafting": s.num_drafting, "wall": s.wall_s, "steps": 1,
+            "k": s.k,
+            "batch": s.batch_size,
+            "emitted": s.num_emitted,
+            "drafted": s.num_drafted,
+            "accepted": s.num_accepted,
+            "drafting": s.num_drafting,
+            "wall": s.wall_s,
+            "steps": 1,
         }
         for i, (acc, reached) in enumerate(zip(s.accepted_per_pos, s.reached_per_pos)):
             row[f"acc{i + 1}"] = acc
@@ -78,46 +84,89 @@ def bin_steps(steps: Sequence[EngineStep], now: float, window_s: float = WINDOW_
     return out.reset_index().rename(columns={"index": "t", "bin": "t"})
 
 
-def live_figure(df: pd.DataFrame, markers: Sequence[tuple[float, int]] = (),
-                foreground: pd.DataFrame | None = None, window_s: float = WINDOW_S) -> go.Figure:
+def live_figure(
+    df: pd.DataFrame,
+    markers: Sequence[tuple[float, int]] = (),
+    foreground: pd.DataFrame | None = None,
+    window_s: float = WINDOW_S,
+) -> go.Figure:
     fig = make_subplots(
-        rows=4, cols=1, shared_xaxes=True, vertical_spacing=0.06,
+        rows=4,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.06,
         specs=[[{"secondary_y": True}], [{}], [{}], [{}]],
-        subplot_titles=("K in force, effective K and batch size",
-                        "per request-step: tokens emitted and drafts accepted",
-                        "draft acceptance rate and acceptance per draft position",
-                        "throughput (tokens/s)"),
+        subplot_titles=(
+            "K in force, effective K and batch size",
+            "per request-step: tokens emitted and drafts accepted",
+            "draft acceptance rate and acceptance per draft position",
+            "throughput (tokens/s)",
+        ),
     )
     if not df.empty:
         t = df["t"]
         fig.add_scatter(x=t, y=df["k"], name="K in force", line=dict(shape="hv", color="#444"), row=1, col=1)
         fig.add_scatter(x=t, y=df["effective_k"], name="effective K", line=dict(color="#1f77b4"), row=1, col=1)
-        fig.add_scatter(x=t, y=df["batch"], name="batch size", line=dict(color="#aaa", dash="dot"),
-                        row=1, col=1, secondary_y=True)
-        fig.add_scatter(x=t, y=df["tokens_per_step"], name="tokens / request-step", line=dict(color="#2ca02c"),
-                        row=2, col=1)
-        fig.add_scatter(x=t, y=df["accepted_per_step"], name="accepted / request-step",
-                        line=dict(color="#1f77b4", dash="dash"), row=2, col=1)
-        fig.add_scatter(x=t, y=df["acceptance_rate"], name="draft_acceptance_rate",
-                        line=dict(color="#000", width=3), row=3, col=1)
+        fig.add_scatter(
+            x=t, y=df["batch"], name="batch size", line=dict(color="#aaa", dash="dot"), row=1, col=1, secondary_y=True
+        )
+        fig.add_scatter(
+            x=t, y=df["tokens_per_step"], name="tokens / request-step", line=dict(color="#2ca02c"), row=2, col=1
+        )
+        fig.add_scatter(
+            x=t,
+            y=df["accepted_per_step"],
+            name="accepted / request-step",
+            line=dict(color="#1f77b4", dash="dash"),
+            row=2,
+            col=1,
+        )
+        fig.add_scatter(
+            x=t, y=df["acceptance_rate"], name="draft_acceptance_rate", line=dict(color="#000", width=3), row=3, col=1
+        )
         for col in [c for c in df.columns if c.startswith("pos")]:
             i = int(col[3:])
-            fig.add_scatter(x=t, y=df[col], name=f"position {i}", line=dict(
-                color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1), row=3, col=1)
-        fig.add_scatter(x=t, y=df["total_tokens_per_s"], name="total tokens/s", line=dict(color="#d62728"),
-                        row=4, col=1)
+            fig.add_scatter(
+                x=t,
+                y=df[col],
+                name=f"position {i}",
+                line=dict(color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1),
+                row=3,
+                col=1,
+            )
+        fig.add_scatter(
+            x=t, y=df["total_tokens_per_s"], name="total tokens/s", line=dict(color="#d62728"), row=4, col=1
+        )
     if foreground is not None and not foreground.empty:
-        fig.add_scatter(x=foreground["t"], y=foreground["tokens_per_s"], name="foreground tokens/s",
-                        line=dict(color="#9467bd"), row=4, col=1)
+        fig.add_scatter(
+            x=foreground["t"],
+            y=foreground["tokens_per_s"],
+            name="foreground tokens/s",
+            line=dict(color="#9467bd"),
+            row=4,
+            col=1,
+        )
     for t, n in markers:
         if -window_s <= t <= 0:
             fig.add_vline(x=t, line=dict(color="#e377c2", dash="dot"))
-            fig.add_annotation(x=t, y=1.0, yref="paper", text=f"load → {n}", showarrow=False,
-                               font=dict(size=10, color="#e377c2"), yanchor="bottom")
+            fig.add_annotation(
+                x=t,
+                y=1.0,
+                yref="paper",
+                text=f"load → {n}",
+                showarrow=False,
+                font=dict(size=10, color="#e377c2"),
+                yanchor="bottom",
+            )
     fig.update_xaxes(range=[-window_s, 0], row=4, col=1, title_text="seconds (0 = now)")
     fig.update_yaxes(range=[0, 1.05], row=3, col=1)
-    fig.update_layout(height=760, margin=dict(l=50, r=50, t=40, b=40), template="plotly_white",
-                      legend=dict(orientation="h", y=-0.08), uirevision="live")
+    fig.update_layout(
+        height=760,
+        margin=dict(l=50, r=50, t=40, b=40),
+        template="plotly_white",
+        legend=dict(orientation="h", y=-0.08),
+        uirevision="live",
+    )
     return fig
 
 

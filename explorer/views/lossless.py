@@ -31,18 +31,26 @@ def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Ve
     if first is None:
         msg = f"Identical: all {len(a)} tokens match, token for token."
     elif temperature > 0:
-        msg = (f"The texts differ from token {first} on. That is expected at temperature {temperature:g}: "
-               "speculative sampling keeps the target's distribution exactly, but two runs draw "
-               "different random samples from it, with or without speculation.")
+        msg = (
+            f"The texts differ from token {first} on. That is expected at temperature {temperature:g}: "
+            "speculative sampling keeps the target's distribution exactly, but two runs draw "
+            "different random samples from it, with or without speculation."
+        )
     else:
-        msg = (f"The texts differ from token {first} on, at temperature 0. Greedy speculative decoding "
-               "should match token for token; a difference usually means two candidate tokens had "
-               "(nearly) equal scores and different batch shapes broke the tie.")
+        msg = (
+            f"The texts differ from token {first} on, at temperature 0. Greedy speculative decoding "
+            "should match token for token; a difference usually means two candidate tokens had "
+            "(nearly) equal scores and different batch shapes broke the tie."
+        )
     return Verdict(first is None, first, msg, speedup)
 
 
 def verdict_markdown(verdict: Verdict, spec: RequestResult, plain: RequestResult) -> str:
     """The check's answer in one line: the verdict, then both speeds and their ratio (tokens/s)."""
-    speed = (f" Speed: {spec.tokens_per_second:.2f} tokens/s with speculation, "
-             f"{plain.tokens_per_second:.2f} without: **{verdict.speedup:.2f}x**." if verdict.speedup else "")
+    speed = (
+        f" Speed: {spec.tokens_per_second:.2f} tokens/s with speculation, "
+        f"{plain.tokens_per_second:.2f} without: **{verdict.speedup:.2f}x**."
+        if verdict.speedup
+        else ""
+    )
     return f"**{'✓' if verdict.identical else '≠'} {verdict.message}**{speed}"

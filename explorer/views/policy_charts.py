@@ -31,8 +31,9 @@ MAX_BATCH_SHOWN = 64  # batch sizes the auto table's K-by-batch chart shows
 def _empty(title: str, message: str) -> go.Figure:
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
-    fig.update_layout(title=title, height=HEIGHT, xaxis_visible=False, yaxis_visible=False,
-                      margin=dict(l=40, r=10, t=40, b=30))
+    fig.update_layout(
+        title=title, height=HEIGHT, xaxis_visible=False, yaxis_visible=False, margin=dict(l=40, r=10, t=40, b=30)
+    )
     return fig
 
 
@@ -40,8 +41,12 @@ def operating_point(steps: Sequence[EngineStep]) -> tuple[float, float, float, f
     """Median (batch size, K, tokens per step, seconds per step) of recent steps."""
     if not steps:
         return None
-    return (statistics.median(s.batch_size for s in steps), statistics.median(s.k for s in steps),
-            statistics.median(s.num_tokens for s in steps), statistics.median(s.interval_s for s in steps))
+    return (
+        statistics.median(s.batch_size for s in steps),
+        statistics.median(s.k for s in steps),
+        statistics.median(s.num_tokens for s in steps),
+        statistics.median(s.interval_s for s in steps),
+    )
 
 
 def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profiling: str | None = None) -> go.Figure:
@@ -55,47 +60,105 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
     for i, k in enumerate(sorted({p.k for p in pts})):
         colour = palette[i % len(palette)]
         sel = [p for p in pts if p.k == k]
-        fig.add_trace(go.Scatter(
-            x=[p.num_tokens for p in sel], y=[p.step_s * 1e3 for p in sel], mode="markers",
-            name=f"measured, K={k}", marker=dict(size=9, color=colour), legendgroup=str(k),
-            text=[f"{p.batch_size} requests x (K={p.k}+1): {p.num_tokens} tokens, "
-                  f"{p.step_s * 1e3:.1f} ms (median of {p.samples} steps)" for p in sel],
-            hovertemplate="%{text}<extra></extra>"))
+        fig.add_trace(
+            go.Scatter(
+                x=[p.num_tokens for p in sel],
+                y=[p.step_s * 1e3 for p in sel],
+                mode="markers",
+                name=f"measured, K={k}",
+                marker=dict(size=9, color=colour),
+                legendgroup=str(k),
+                text=[
+                    f"{p.batch_size} requests x (K={p.k}+1): {p.num_tokens} tokens, "
+                    f"{p.step_s * 1e3:.1f} ms (median of {p.samples} steps)"
+                    for p in sel
+                ],
+                hovertemplate="%{text}<extra></extra>",
+            )
+        )
         # the fit at this K: batch sizes 1..max measured, tokens = b (K + 1)
         bs = np.arange(1, max(p.batch_size for p in sel) + 1)
-        fig.add_trace(go.Scatter(x=bs * (k + 1), y=[cost.fit_step_s(int(b), k) * 1e3 for b in bs], mode="lines",
-                                 line=dict(color=colour, dash="dot", width=1), legendgroup=str(k),
-                                 name=f"fit, K={k}", showlegend=False, hoverinfo="skip"))
+        fig.add_trace(
+            go.Scatter(
+                x=bs * (k + 1),
+                y=[cost.fit_step_s(int(b), k) * 1e3 for b in bs],
+                mode="lines",
+                line=dict(color=colour, dash="dot", width=1),
+                legendgroup=str(k),
+                name=f"fit, K={k}",
+                showlegend=False,
+                hoverinfo="skip",
+            )
+        )
     knee = max(cost.knee_tokens, 1.0)
     # on a log axis a shape's x is in data units but an annotation's x is log10 of
     # them (plotly), so the labels are placed here, not by add_vline/add_vrect
     if cost.knee_tokens >= 1.5:
         fig.add_vrect(x0=1, x1=knee, fillcolor="#4c9be8", opacity=0.08, line_width=0)
-        fig.add_annotation(text="memory-bound: extra tokens ride along", showarrow=False, x=0.0, y=0.98,
-                           xref="x", yref="paper", xanchor="left", yanchor="top")
+        fig.add_annotation(
+            text="memory-bound: extra tokens ride along",
+            showarrow=False,
+            x=0.0,
+            y=0.98,
+            xref="x",
+            yref="paper",
+            xanchor="left",
+            yanchor="top",
+        )
     else:
-        fig.add_annotation(text="no flat region measured: every extra token costs", showarrow=False,
-                           x=0.02, y=0.98, xref="paper", yref="paper", xanchor="left")
+        fig.add_annotation(
+            text="no flat region measured: every extra token costs",
+            showarrow=False,
+            x=0.02,
+            y=0.98,
+            xref="paper",
+            yref="paper",
+            xanchor="left",
+        )
     fig.add_vline(x=knee, line=dict(color="#4c9be8", dash="dash"))
-    fig.add_annotation(text=f"knee ≈ {cost.knee_tokens:.0f} tokens", showarrow=False, x=math.log10(knee),
-                       y=0.02, xref="x", yref="paper", xanchor="left", yanchor="bottom")
+    fig.add_annotation(
+        text=f"knee ≈ {cost.knee_tokens:.0f} tokens",
+        showarrow=False,
+        x=math.log10(knee),
+        y=0.02,
+        xref="x",
+        yref="paper",
+        xanchor="left",
+        yanchor="bottom",
+    )
     op = operating_point(recent)
     if op is not None:
         b, k, n, s = op
-        fig.add_trace(go.Scatter(x=[max(n, 1)], y=[s * 1e3], mode="markers+text", name="now (last 5 s)",
-                                 marker=dict(size=18, color="#e8554c", symbol="star"),
-                                 text=[f"now: {b:.0f} req, K={k:.0f}"], textposition="top center"))
+        fig.add_trace(
+            go.Scatter(
+                x=[max(n, 1)],
+                y=[s * 1e3],
+                mode="markers+text",
+                name="now (last 5 s)",
+                marker=dict(size=18, color="#e8554c", symbol="star"),
+                text=[f"now: {b:.0f} req, K={k:.0f}"],
+                textposition="top center",
+            )
+        )
     # its own line: the subtitle does not wrap, and one line overflowed the chart
-    drafter = (f"<br>drafter {cost.draft_s * 1e3:.1f} ms + {cost.draft_s_per_req * 1e3:.2f} ms/request per position"
-               if cost.draft_s or cost.draft_s_per_req else "")
+    drafter = (
+        f"<br>drafter {cost.draft_s * 1e3:.1f} ms + {cost.draft_s_per_req * 1e3:.2f} ms/request per position"
+        if cost.draft_s or cost.draft_s_per_req
+        else ""
+    )
     if cost.first_s or cost.first_s_per_req:  # an idle drafter: none of it at K=0
-        drafter += (f", first pass {cost.first_s * 1e3:.1f} ms + {cost.first_s_per_req * 1e3:.2f} ms/request"
-                    " (skipped at K=0)")
+        drafter += (
+            f", first pass {cost.first_s * 1e3:.1f} ms + {cost.first_s_per_req * 1e3:.2f} ms/request (skipped at K=0)"
+        )
     fig.update_layout(
-        title=dict(text=f"{title}<br><sup>fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
-                        f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}</sup>"),
-        height=HEIGHT + 60, xaxis=dict(type="log", title="tokens verified per step = batch x (K+1)"),
-        yaxis=dict(title="ms per step", rangemode="tozero"), margin=dict(l=50, r=10, t=85, b=40),
+        title=dict(
+            text=f"{title}<br><sup>fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
+            f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}</sup>"
+        ),
+        height=HEIGHT + 60,
+        xaxis=dict(type="log", title="tokens verified per step = batch x (K+1)"),
+        yaxis=dict(title="ms per step", rangemode="tozero"),
+        margin=dict(l=50, r=10, t=85, b=40),
         legend=dict(orientation="h", y=-0.25),
     )
     return fig
@@ -111,17 +174,34 @@ def auto_figure(auto: AutoTable | None, batch_size: float, chosen_by: str) -> go
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12)
     fig.add_trace(go.Scatter(x=list(range(len(rate))), y=rate, mode="lines+markers", name="E(K)/step_s"), 1, 1)
     best = auto.k_by_batch[b - 1]
-    fig.add_trace(go.Scatter(x=[best], y=[rate[best]], mode="markers", marker=dict(size=16, symbol="star",
-                             color="#e8554c"), name="chosen"), 1, 1)
+    fig.add_trace(
+        go.Scatter(
+            x=[best],
+            y=[rate[best]],
+            mode="markers",
+            marker=dict(size=16, symbol="star", color="#e8554c"),
+            name="chosen",
+        ),
+        1,
+        1,
+    )
     n = min(len(auto.k_by_batch), MAX_BATCH_SHOWN)
-    fig.add_trace(go.Scatter(x=list(range(1, n + 1)), y=auto.k_by_batch[:n], mode="lines", line_shape="hv",
-                             name="K by batch size"), 1, 2)
-    fig.add_trace(go.Scatter(x=[b], y=[best], mode="markers", marker=dict(size=14, color="#e8554c"),
-                             name="now"), 1, 2)
+    fig.add_trace(
+        go.Scatter(
+            x=list(range(1, n + 1)), y=auto.k_by_batch[:n], mode="lines", line_shape="hv", name="K by batch size"
+        ),
+        1,
+        2,
+    )
+    fig.add_trace(go.Scatter(x=[b], y=[best], mode="markers", marker=dict(size=14, color="#e8554c"), name="now"), 1, 2)
     alphas = ", ".join(f"{a:.2f}" for a in auto.alphas)
     subtitle = f"{chosen_by}<br>measured acceptance per position α = [{alphas}]"
-    fig.update_layout(title=dict(text=f"{title}<br><sup>{subtitle}</sup>"),
-                      height=HEIGHT + 30, showlegend=False, margin=dict(l=50, r=10, t=100, b=40))
+    fig.update_layout(
+        title=dict(text=f"{title}<br><sup>{subtitle}</sup>"),
+        height=HEIGHT + 30,
+        showlegend=False,
+        margin=dict(l=50, r=10, t=100, b=40),
+    )
     fig.update_xaxes(title_text=f"K (at batch size {b}, K = {best} maximises)", row=1, col=1)
     fig.update_yaxes(title_text="tokens/s per request", row=1, col=1)
     fig.update_xaxes(title_text="batch size (K chosen for each)", row=1, col=2)
@@ -139,9 +219,12 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
             return _empty(title, "No step has run under the auction yet.")
         last = ran[-1]  # the auction ran, but no request had drafts to bid with
         # <br>: a plotly annotation does not wrap, and one line overflows the panel
-        return _empty(title, f"engine step {last.seq}: {last.batch_size} requests, none drafting: 0 slots admitted;"
-                             f"<br>the drafter proposes {last.auction_ceiling} next"
-                             "<br>(at 0 it idles, and the requests it skips draft no more)")
+        return _empty(
+            title,
+            f"engine step {last.seq}: {last.batch_size} requests, none drafting: 0 slots admitted;"
+            f"<br>the drafter proposes {last.auction_ceiling} next"
+            "<br>(at 0 it idles, and the requests it skips draft no more)",
+        )
     mine = [s for s in decided if foreground and any(b.request_id == foreground for b in s.bids)]
     step = (mine or decided)[-1]
     bids = sorted(step.bids, key=lambda b: (b.request_id != foreground,))[:rows]
@@ -150,25 +233,43 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
     for n, b in enumerate(bids):
         labels.append("your request" if b.request_id == foreground else f"neighbour {n + (0 if mine else 1)}")
         z.append([b.scores[i] if i < len(b.scores) else None for i in range(width)])
-        text.append([f"{b.scores[i]:.2f} {'✓' if i < b.admitted else '✗'}" if i < len(b.scores) else ""
-                     for i in range(width)])
-    fig = go.Figure(go.Heatmap(z=z, x=[f"pos {i + 1}" for i in range(width)], y=labels, text=text,
-                               texttemplate="%{text}", zmin=0, zmax=1, colorscale="Blues",
-                               colorbar=dict(title="survival")))
+        text.append(
+            [f"{b.scores[i]:.2f} {'✓' if i < b.admitted else '✗'}" if i < len(b.scores) else "" for i in range(width)]
+        )
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"pos {i + 1}" for i in range(width)],
+            y=labels,
+            text=text,
+            texttemplate="%{text}",
+            zmin=0,
+            zmax=1,
+            colorscale="Blues",
+            colorbar=dict(title="survival"),
+        )
+    )
     fig.update_layout(
-        title=dict(text=f"{title}<br><sup>engine step {step.seq}: {step.batch_size} requests, "
-                        f"{step.auction_slots} of {sum(len(b.scores) for b in step.bids)} slots admitted; "
-                        f"the drafter proposes {step.auction_ceiling} next</sup>"),
-        height=HEIGHT, yaxis=dict(autorange="reversed"), margin=dict(l=110, r=10, t=70, b=40))
+        title=dict(
+            text=f"{title}<br><sup>engine step {step.seq}: {step.batch_size} requests, "
+            f"{step.auction_slots} of {sum(len(b.scores) for b in step.bids)} slots admitted; "
+            f"the drafter proposes {step.auction_ceiling} next</sup>"
+        ),
+        height=HEIGHT,
+        yaxis=dict(autorange="reversed"),
+        margin=dict(l=110, r=10, t=70, b=40),
+    )
     return fig
 
 
 def table_in_force_markdown(table: KTable | None, batch_size: float | None, auction: bool, k_max: int) -> str:
     """vLLM's rows with the one in force at the current batch size marked."""
     if auction:
-        return (f"**Slot auction:** each step the drafter proposes as many positions (up to {k_max}) as pay "
-                f"for their own cost (K in the live charts), and each request keeps the positions the "
-                f"auction admits (grid below).")
+        return (
+            f"**Slot auction:** each step the drafter proposes as many positions (up to {k_max}) as pay "
+            f"for their own cost (K in the live charts), and each request keeps the positions the "
+            f"auction admits (grid below)."
+        )
     if not table:
         return "No K table in force."
     b = int(round(batch_size)) if batch_size else None

@@ -89,8 +89,9 @@ def why_no_drafts(result: RequestResult | None) -> str | None:
 
 def _say(fig: go.Figure, text: str) -> None:
     """An empty chart says why, in its middle (instead of bare axes)."""
-    fig.add_annotation(text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                       font=dict(size=12, color="#555"))
+    fig.add_annotation(
+        text=text, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font=dict(size=12, color="#555")
+    )
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
 
@@ -98,22 +99,29 @@ def _say(fig: go.Figure, text: str) -> None:
 def histogram_figure(result: RequestResult | None) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
-    fig.update_layout(title="acceptance_histogram",
-                      xaxis_title="j accepted drafts", yaxis_title="steps", **_layout())
+    fig.update_layout(title="acceptance_histogram", xaxis_title="j accepted drafts", yaxis_title="steps", **_layout())
     if why := why_no_drafts(result):
         _say(fig, why)
         return fig
     hist = m["acceptance_histogram"]
-    fig.add_bar(x=[str(j) for j in range(len(hist))], y=hist, marker_color="#4c8bd6",
-                hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>")
+    fig.add_bar(
+        x=[str(j) for j in range(len(hist))],
+        y=hist,
+        marker_color="#4c8bd6",
+        hovertemplate="%{y} steps accepted %{x} drafts<extra></extra>",
+    )
     return fig
 
 
 def position_figure(result: RequestResult | None) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
-    fig.update_layout(title="P(kept) per draft position, when reached",
-                      xaxis_title="draft position", yaxis=dict(range=[0, 1.05], title="P(kept)"), **_layout())
+    fig.update_layout(
+        title="P(kept) per draft position, when reached",
+        xaxis_title="draft position",
+        yaxis=dict(range=[0, 1.05], title="P(kept)"),
+        **_layout(),
+    )
     why = why_no_drafts(result)
     if why is None and not m.get("per_step_accepted"):
         why = f"No per-step drafts recorded for this request<br>(provenance: {result.provenance})."
@@ -121,7 +129,10 @@ def position_figure(result: RequestResult | None) -> go.Figure:
         _say(fig, why)
         return fig
     rates = per_position_acceptance(m["per_step_accepted"], m["per_step_drafted"], m["num_spec_tokens"])
-    fig.add_bar(x=[str(i + 1) for i in range(len(rates))], y=[r if r is not None else 0 for r in rates],
-                marker_color="#e08a2e",
-                hovertemplate="position %{x}: kept %{y:.2f} of the times it was reached<extra></extra>")
+    fig.add_bar(
+        x=[str(i + 1) for i in range(len(rates))],
+        y=[r if r is not None else 0 for r in rates],
+        marker_color="#e08a2e",
+        hovertemplate="position %{x}: kept %{y:.2f} of the times it was reached<extra></extra>",
+    )
     return fig

@@ -35,11 +35,14 @@ def status_markdown(backend: Backend) -> str:
     if st.state == "ready":
         profiling = backend.policy_view().profiling
         if profiling:  # K is switched while it runs: say so where everyone looks
-            return (f"● **Engine ready** ({what}) at `{st.url}`. ◐ Measuring the cost model for K policies: "
-                    f"{profiling}. Requests run meanwhile, under the K being measured.")
+            return (
+                f"● **Engine ready** ({what}) at `{st.url}`. ◐ Measuring the cost model for K policies: "
+                f"{profiling}. Requests run meanwhile, under the K being measured."
+            )
         # the watchdog brought it back (engine_adapter/service/watchdog.py)
         return f"● **Engine ready** ({what}) at `{st.url}`." + (
-            f" Restarted by itself after: {st.fault}." if st.fault else "")
+            f" Restarted by itself after: {st.fault}." if st.fault else ""
+        )
     if st.state == "starting":
         return _starting_markdown(st, what)
     if st.state == "restarting":  # dead or hung; requests in flight ended with this message
@@ -92,11 +95,14 @@ def recorded_config_text(header: dict[str, Any]) -> str:
 def replay_status_markdown(info: ReplayInfo) -> str:
     h = info.header
     when = h.get("started_at") or "?"
-    line = (f"▶ **Replay** of `{info.name}` (recorded {when} with vLLM {h.get('vllm_version') or '?'}; "
-            f"{recorded_config_text(h)}) at **{info.speed:g}x**: **{_clock(info.position_s)}** of "
-            f"{_clock(info.duration_s)}" + (f", loop {info.loop + 1}" if info.loop else "") +
-            f"; recorded background load **{info.load}**. No engine is running: every number on this page "
-            "is the recording's.")
+    line = (
+        f"▶ **Replay** of `{info.name}` (recorded {when} with vLLM {h.get('vllm_version') or '?'}; "
+        f"{recorded_config_text(h)}) at **{info.speed:g}x**: **{_clock(info.position_s)}** of "
+        f"{_clock(info.duration_s)}"
+        + (f", loop {info.loop + 1}" if info.loop else "")
+        + f"; recorded background load **{info.load}**. No engine is running: every number on this page "
+        "is the recording's."
+    )
     if info.note:
         line += f"\n\nⓘ {info.note}"
     return line
@@ -107,15 +113,19 @@ def policy_status_markdown(v: PolicyView) -> str:
         return f"Live K policies are not available here: {v.why_not}."
     parts = []
     if v.state is not None:
-        applied = (f"applied at engine step {v.applied_seq}" if v.applied_seq
-                   else "sent; the engine applies it at its next step")
+        applied = (
+            f"applied at engine step {v.applied_seq}"
+            if v.applied_seq
+            else "sent; the engine applies it at its next step"
+        )
         parts.append(f"**In force:** {v.state.spec.describe()} ({applied}).")
     if v.profiling:
         parts.append(f"◐ **Profiling the cost model:** {v.profiling}. A policy chosen now applies when it ends.")
     elif v.cost is not None:
         source = "measured now" if v.cost_source == "profiled" else "measured earlier on this machine (cache)"
-        parts.append(f"Cost model: {source}, {len(v.cost.points)} cells, "
-                     f"knee ≈ {v.cost.knee_tokens:.0f} tokens per step.")
+        parts.append(
+            f"Cost model: {source}, {len(v.cost.points)} cells, knee ≈ {v.cost.knee_tokens:.0f} tokens per step."
+        )
     if v.error:
         parts.append(f"✕ {v.error}")
     return " ".join(parts)
@@ -138,11 +148,15 @@ def load_readout_markdown(backend: Backend, session: str) -> str:
     engine = _engine_running_markdown(backend)
     if st is None or (share.total == 0 and st.in_flight == 0):
         return f"No background load. {engine}"
-    mine = (f"Your background load: **{share.asked}** requested, **{share.granted}** granted"
-            if share.asked else "You ask for no background load")
-    shared = (f" (the cap of {share.cap} is shared by {share.sessions} session"
-              f"{'s' if share.sessions != 1 else ''})")
+    mine = (
+        f"Your background load: **{share.asked}** requested, **{share.granted}** granted"
+        if share.asked
+        else "You ask for no background load"
+    )
+    shared = f" (the cap of {share.cap} is shared by {share.sessions} session{'s' if share.sessions != 1 else ''})"
     err = f" Last error: {st.last_error}" if st.last_error else ""
-    return (f"{mine}{shared}. All sessions: **{st.in_flight}** in flight, {st.completed} done, "
-            f"{st.failed} failed; **{backend.background_tokens_per_second():.1f} tokens/s**. "
-            f"{engine}{err}")
+    return (
+        f"{mine}{shared}. All sessions: **{st.in_flight}** in flight, {st.completed} done, "
+        f"{st.failed} failed; **{backend.background_tokens_per_second():.1f} tokens/s**. "
+        f"{engine}{err}"
+    )

@@ -23,8 +23,15 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-REQUIRED = ("policy", "concurrency", "total_tokens_per_s", "per_request_tokens_per_s",
-            "mean_accepted_per_step", "effective_k", "draft_acceptance_rate")
+REQUIRED = (
+    "policy",
+    "concurrency",
+    "total_tokens_per_s",
+    "per_request_tokens_per_s",
+    "mean_accepted_per_step",
+    "effective_k",
+    "draft_acceptance_rate",
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +46,9 @@ def shipped_sweeps(sweep_dir: Path) -> list[ShippedSweep]:
         return []
     index_path = sweep_dir / "index.json"
     entries = json.loads(index_path.read_text()) if index_path.is_file() else []
-    listed = [ShippedSweep(sweep_dir / e["file"], e.get("about", "")) for e in entries
-              if (sweep_dir / e["file"]).is_file()]
+    listed = [
+        ShippedSweep(sweep_dir / e["file"], e.get("about", "")) for e in entries if (sweep_dir / e["file"]).is_file()
+    ]
     names = {s.path.name for s in listed}
     return listed + [ShippedSweep(p, "") for p in sorted(sweep_dir.glob("*.csv")) if p.name not in names]
 
@@ -70,30 +78,50 @@ def with_speedup(df: pd.DataFrame) -> pd.DataFrame:
 def sweep_figure(df: pd.DataFrame, title: str = "") -> go.Figure:
     d = with_speedup(df)
     has_off = d["off_tokens_per_s"].notna().any()
-    y, y_title = ("speedup", "speedup vs off (total tokens/s ratio)") if has_off else \
-        ("total_tokens_per_s", "total tokens/s")
+    y, y_title = (
+        ("speedup", "speedup vs off (total tokens/s ratio)") if has_off else ("total_tokens_per_s", "total tokens/s")
+    )
     cats = sorted(d["category"].dropna().unique()) if "category" in d.columns else [None]
-    fig = make_subplots(rows=1, cols=len(cats), shared_yaxes=True,
-                        subplot_titles=[f"{c} prompts" for c in cats] if cats != [None] else None)
+    fig = make_subplots(
+        rows=1,
+        cols=len(cats),
+        shared_yaxes=True,
+        subplot_titles=[f"{c} prompts" for c in cats] if cats != [None] else None,
+    )
     palette = ["#555", "#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692"]
     for i, policy in enumerate(dict.fromkeys(d["policy"])):
         for j, cat in enumerate(cats, 1):
             sel = d[(d["policy"] == policy) & ((d["category"] == cat) if cat is not None else True)]
             sel = sel.sort_values("concurrency")
-            fig.add_trace(go.Scatter(
-                x=sel["concurrency"], y=sel[y], mode="lines+markers", name=policy, legendgroup=policy,
-                showlegend=j == 1, line=dict(color=palette[i % len(palette)], dash="dot" if policy == "off" else None),
-                customdata=sel[["total_tokens_per_s", "effective_k", "draft_acceptance_rate"]].values,
-                hovertemplate=(f"{policy}, c=%{{x}}: %{{y:.2f}}<br>%{{customdata[0]:.1f}} tokens/s, "
-                               "effective K %{customdata[1]:.2f}, acceptance %{customdata[2]:.2f}<extra></extra>")),
-                row=1, col=j)
+            fig.add_trace(
+                go.Scatter(
+                    x=sel["concurrency"],
+                    y=sel[y],
+                    mode="lines+markers",
+                    name=policy,
+                    legendgroup=policy,
+                    showlegend=j == 1,
+                    line=dict(color=palette[i % len(palette)], dash="dot" if policy == "off" else None),
+                    customdata=sel[["total_tokens_per_s", "effective_k", "draft_acceptance_rate"]].values,
+                    hovertemplate=(
+                        f"{policy}, c=%{{x}}: %{{y:.2f}}<br>%{{customdata[0]:.1f}} tokens/s, "
+                        "effective K %{customdata[1]:.2f}, acceptance %{customdata[2]:.2f}<extra></extra>"
+                    ),
+                ),
+                row=1,
+                col=j,
+            )
     if has_off:
         fig.add_hline(y=1.0, line=dict(color="#999", width=1))
-    fig.update_xaxes(type="log", title_text="concurrency (requests in flight)",
-                     tickvals=sorted(d["concurrency"].unique()))
+    fig.update_xaxes(
+        type="log", title_text="concurrency (requests in flight)", tickvals=sorted(d["concurrency"].unique())
+    )
     fig.update_yaxes(title_text=y_title, col=1)
-    fig.update_layout(title=title or "Speedup versus concurrency, per K policy (measured)", height=380,
-                      margin=dict(l=60, r=10, t=70, b=50))
+    fig.update_layout(
+        title=title or "Speedup versus concurrency, per K policy (measured)",
+        height=380,
+        margin=dict(l=60, r=10, t=70, b=50),
+    )
     return fig
 
 

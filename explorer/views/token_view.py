@@ -21,14 +21,16 @@ from typing import Any
 
 from engine_adapter.records import Step, Token
 
-KIND_LABEL = MappingProxyType({
-    "prefill": "prefill (first token, computed by the target)",
-    "accepted": "accepted draft",
-    "recovered": "recovered (target's token at the first rejection)",
-    "bonus": "bonus (target's extra token after all drafts were kept)",
-    "plain": "plain decode (no draft this step)",
-    "rejected": "rejected draft (thrown away)",
-})
+KIND_LABEL = MappingProxyType(
+    {
+        "prefill": "prefill (first token, computed by the target)",
+        "accepted": "accepted draft",
+        "recovered": "recovered (target's token at the first rejection)",
+        "bonus": "bonus (target's extra token after all drafts were kept)",
+        "plain": "plain decode (no draft this step)",
+        "rejected": "rejected draft (thrown away)",
+    }
+)
 
 
 _JS_LITERAL = MappingProxyType(str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;"}))
@@ -59,8 +61,10 @@ def token_html(text: str) -> str:
 
 
 def _tip(tok: Token, step: Step) -> str:
-    lines = [KIND_LABEL.get(tok.kind, tok.kind),
-             f"step {step.index} · K in force {step.k} · batch size {step.batch_size}"]
+    lines = [
+        KIND_LABEL.get(tok.kind, tok.kind),
+        f"step {step.index} · K in force {step.k} · batch size {step.batch_size}",
+    ]
     if tok.draft_pos is not None:
         lines.append(f"draft position {tok.draft_pos} of {step.num_drafted}")
     lines.append(f"token id {tok.id} · text {tok.text!r}")
@@ -97,4 +101,3 @@ def token_view_value(
         "streaming": streaming,
         "footer": inert(footer) if footer else None,
     }
-

@@ -36,8 +36,9 @@ async def test_draft_acceptance_by_draft_quality(engines, draft, low, high):
     assert low <= mean <= high, rates
 
 
-@pytest.mark.parametrize("method, draft", [("draft", "same"), ("draft", "random"),
-                                           ("draft", "perturbed"), ("ngram", "same")])
+@pytest.mark.parametrize(
+    "method, draft", [("draft", "same"), ("draft", "random"), ("draft", "perturbed"), ("ngram", "same")]
+)
 async def test_greedy_speculative_text_equals_plain_text(engines, method, draft):
     plain = await engines.get("off")
     spec = await engines.get(method, draft)

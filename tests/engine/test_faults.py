@@ -58,8 +58,9 @@ def _vllm_server_pid(service: EngineService, timeout_s: float = 30) -> tuple[int
                 if pid != pgid and b"vllm.entrypoints.openai.api_server" in cmd:  # not its supervisor
                     return pgid, pid
         if time.monotonic() > deadline:
-            raise AssertionError(f"no vLLM API server in the engine's group: {service.status()}, "
-                                 f"faults seen {service.guard.faults}")
+            raise AssertionError(
+                f"no vLLM API server in the engine's group: {service.status()}, faults seen {service.guard.faults}"
+            )
         time.sleep(0.5)
 
 
@@ -71,7 +72,7 @@ async def _fault_under_a_request(service: EngineService, fault) -> tuple[Excepti
     """Run a long foreground request, apply ``fault`` after its first step; (error, seconds to it)."""
     t_fault = None
     try:
-        async for item in service.stream("Once upon a time there was", max_tokens=900, temperature=0.0):
+        async for _item in service.stream("Once upon a time there was", max_tokens=900, temperature=0.0):
             if t_fault is None:
                 fault()
                 t_fault = time.monotonic()
@@ -96,7 +97,7 @@ async def test_a_killed_engine_is_reported_ends_its_requests_and_comes_back(serv
         gen = service.status().generation
         pgid, server = _vllm_server_pid(service)
         try:
-            err, took = await _fault_under_a_request(service, lambda: os.kill(server, signal.SIGKILL))
+            err, took = await _fault_under_a_request(service, lambda pid=server: os.kill(pid, signal.SIGKILL))
             break
         except FinishedBeforeTheFault:
             # The whole answer reached the socket before the kill landed (a busy 2-core
@@ -174,8 +175,10 @@ async def test_a_user_restart_during_the_back_off_wins(service, tiny):
 
 def test_no_engine_survives_a_sigkilled_app(tiny, tmp_path):
     marker = str(tiny.random)  # only this test starts an engine on it
-    app = start_app(["--method", "off", "--target", marker, "--dtype", "float32", "--max-model-len", "1024",
-                     "--kv-cache-gib", "1"], tmp_path / "app.log")
+    app = start_app(
+        ["--method", "off", "--target", marker, "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"],
+        tmp_path / "app.log",
+    )
     try:
         wait_ready(app, lambda status: "● **Engine ready**" in status)
         assert len(processes_mentioning(marker)) >= 2  # the supervisor and vLLM's server (+ engine core)

@@ -78,6 +78,7 @@ def test_port_taken_is_explained(tiny):
 def test_engine_dies_with_a_killed_app(tiny, tmp_path):
     """SIGKILL the app process: its supervisor ends the whole engine group."""
     marker = tmp_path / "engine-ready"
+    family = [str(tiny.target), str(tiny.same), str(tiny.random), str(tiny.perturbed)]
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
@@ -85,7 +86,7 @@ def test_engine_dies_with_a_killed_app(tiny, tmp_path):
         from engine_adapter.engine.launcher import EngineProcess
         from tests.support.fixtures import tiny_config
         from tests.support.tiny_models import TinyFamily
-        fam = TinyFamily(*(Path(p) for p in {[str(tiny.target), str(tiny.same), str(tiny.random), str(tiny.perturbed)]!r}))
+        fam = TinyFamily(*(Path(p) for p in {family!r}))
         proc = EngineProcess(tiny_config(fam, "off"), resolve=Path)
         proc.start(timeout_s=300)
         Path({str(marker)!r}).write_text(str(proc.pid))
@@ -133,8 +134,7 @@ async def test_attach_mode_against_a_separately_started_server(tiny, engines):
                 assert [x for _, x in spec] == m["per_step_accepted"]
                 # with a draft model every decode step drafts: kinds are exact
                 assert a.kinds == t.kinds
-                kinds = [k for s in a.steps
-                         for k in kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted))]
+                kinds = [k for s in a.steps for k in kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted))]
                 assert kinds == a.kinds
                 check_invariants(a)
         finally:

@@ -38,12 +38,16 @@ async def steps_after(engine, n: int, timeout_s: float = 30.0):
     return out
 
 
-@pytest.mark.parametrize("table", [
-    [[1, 64, 1]],
-    [[1, 64, 0]],
-    [[1, 1, 4], [2, 64, 2]],
-    [[1, 64, 3]],
-], ids=["k1", "k0", "table-4-then-2", "k3"])
+@pytest.mark.parametrize(
+    "table",
+    [
+        [[1, 64, 1]],
+        [[1, 64, 0]],
+        [[1, 1, 4], [2, 64, 2]],
+        [[1, 64, 3]],
+    ],
+    ids=["k1", "k0", "table-4-then-2", "k3"],
+)
 async def test_a_live_switch_under_load_changes_k_within_two_steps(live_engine, table):
     def expected(batch_size: int) -> int:
         return k_for_batch_size([tuple(r) for r in table], batch_size, 4)
@@ -121,11 +125,15 @@ def auction_steps(steps):
     return [s for s in steps if s.auction_slots is not None]
 
 
-@pytest.mark.parametrize("cost, expect", [
-    (CostModel(0.1, 0.0, 0), "all"),  # free verification: every slot admitted
-    # purely compute-bound (cost proportional to tokens): a draft pays only if certain
-    (CostModel(0.0, 10.0, 0), "none"),
-], ids=["free", "proportional"])
+@pytest.mark.parametrize(
+    "cost, expect",
+    [
+        (CostModel(0.1, 0.0, 0), "all"),  # free verification: every slot admitted
+        # purely compute-bound (cost proportional to tokens): a draft pays only if certain
+        (CostModel(0.0, 10.0, 0), "none"),
+    ],
+    ids=["free", "proportional"],
+)
 async def test_the_auction_trims_drafts_before_verification(live_engine, cost, expect):
     load = BackgroundLoad(live_engine.client, PROMPTS, max_tokens=200, max_seconds=120)
     load.set_concurrency(2)
@@ -190,6 +198,7 @@ async def test_the_auction_runs_on_the_sync_ngram_drafter(live_ngram, engines):
 
 # --- the idle drafter: no draft-model pass at K=0, and no drafts after it for the requests it skipped
 
+
 async def _steps_of(engine, prompt: str, max_tokens: int):
     r = await run(engine, prompt, max_tokens=max_tokens)
     check_invariants(r)
@@ -203,8 +212,7 @@ async def test_an_idle_drafter_skips_k0_steps_and_stays_lossless(live_engine, en
     short_ref = await run(plain, PROMPTS[1], max_tokens=8)
     # K=0 while two requests run, K=4 when one is left; sent together, they share steps
     await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
-    long, short = await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 400),
-                                       _steps_of(live_engine, PROMPTS[1], 8))
+    long, short = await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 400), _steps_of(live_engine, PROMPTS[1], 8))
     assert long.token_ids == long_ref.token_ids and short.token_ids == short_ref.token_ids
     # a step shared by both ran at K=0, so the drafter skipped them: flagged, and never drafted again
     shared = [s for s in long.steps if s.batch_size >= 2]
@@ -218,7 +226,9 @@ async def test_an_idle_drafter_skips_k0_steps_and_stays_lossless(live_engine, en
     assert all(s.num_drafted == 0 and s.drafter_idle for s in alone_after)
     # a request that starts alone drafts at K=4 again, from a drafter cache that is whole
     fresh = await _steps_of(live_engine, PROMPTS[2], 24)
-    assert not any(s.drafter_idle for s in fresh.steps), [(s.index, s.batch_size, s.k, s.num_drafted, s.drafter_idle) for s in fresh.steps]
+    assert not any(s.drafter_idle for s in fresh.steps), [
+        (s.index, s.batch_size, s.k, s.num_drafted, s.drafter_idle) for s in fresh.steps
+    ]
     assert sum(s.num_drafted for s in fresh.steps) > 0 and sum(s.accepted for s in fresh.steps) > 0
     log = live_engine.process.log_path.read_text(errors="replace")
     assert "skips its pass in steps with K=0" in log and "the draft model's pass is skipped" in log

@@ -22,6 +22,7 @@ from explorer.views.status import status_markdown
 
 async def _fake_engine(mode: str):
     """An HTTP server that streams one token, then hangs or drops the connection."""
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
@@ -69,8 +70,8 @@ async def test_fail_all_ends_a_hanging_request_at_once(tiny):
         # the stream hangs after one token; the watchdog's fail_all ends it
         loop = asyncio.get_running_loop()
         err = await asyncio.wait_for(
-            _one_step_then(client, lambda: loop.call_later(0.2, client.fail_all, "the engine stopped answering")),
-            10)
+            _one_step_then(client, lambda: loop.call_later(0.2, client.fail_all, "the engine stopped answering")), 10
+        )
         assert str(err) == "the engine stopped answering" and client.in_flight == 0
     finally:
         await client.close()
@@ -103,13 +104,15 @@ class FakeVllm:
         except (asyncio.IncompleteReadError, ConnectionError):
             return
         path = head.split()[1]
-        bodies = {"/v1/models": json.dumps({"data": [{"id": "m", "root": str(self.tokenizer_dir)}]}),
-                  "/health": "", "/version": json.dumps({"version": "fake"})}
+        bodies = {
+            "/v1/models": json.dumps({"data": [{"id": "m", "root": str(self.tokenizer_dir)}]}),
+            "/health": "",
+            "/version": json.dumps({"version": "fake"}),
+        }
         body = bodies.get(path)
         status = "200 OK" if body is not None else "404 Not Found"
         body = (body or "").encode()
-        writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode()
-                     + body)
+        writer.write(f"HTTP/1.1 {status}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body)
         await writer.drain()
         writer.close()
 
@@ -182,4 +185,3 @@ async def test_recovery_gives_up_after_max_attempts(tiny):
         assert "Engine down" in status_markdown(svc)
     finally:
         svc.close()
-

@@ -14,16 +14,42 @@ ROOT = PROJECT_ROOT
 
 def test_record_cli_writes_the_documented_trace(tiny, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
-    lines = [{"prompt": "def add(a, b):", "category": "code"},
-             {"prompt": "The quick brown fox"},
-             {"prompt": "Once upon a time", "other": 1}]
+    lines = [
+        {"prompt": "def add(a, b):", "category": "code"},
+        {"prompt": "The quick brown fox"},
+        {"prompt": "Once upon a time", "other": 1},
+    ]
     prompts.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     out = tmp_path / "trace.jsonl"
-    cmd = [sys.executable, "-m", "engine_adapter.record", "--method", "draft", "--k", "3",
-           "--prompts", str(prompts), "--max-tokens", "24", "--concurrency", "2",
-           "--temperature", "0", "--out", str(out), "--target", str(tiny.target),
-           "--draft", str(tiny.perturbed), "--dtype", "float32", "--max-model-len", "1024",
-           "--kv-cache-gib", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine_adapter.record",
+        "--method",
+        "draft",
+        "--k",
+        "3",
+        "--prompts",
+        str(prompts),
+        "--max-tokens",
+        "24",
+        "--concurrency",
+        "2",
+        "--temperature",
+        "0",
+        "--out",
+        str(out),
+        "--target",
+        str(tiny.target),
+        "--draft",
+        str(tiny.perturbed),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-gib",
+        "1",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.strip().splitlines()[-1])["total_tokens"] == 72
@@ -41,8 +67,11 @@ def test_record_cli_writes_the_documented_trace(tiny, tmp_path):
         steps = r["steps"]
         assert [i for s in steps for i in s["emitted"]] == r["token_ids"]
         assert len(r["kinds"]) == len(r["token_ids"]) == 24
-        kinds = [k for n, s in enumerate(steps)
-                 for k in kinds_for_step(n, len(s["drafted"]), s["accepted"], len(s["emitted"]))]
+        kinds = [
+            k
+            for n, s in enumerate(steps)
+            for k in kinds_for_step(n, len(s["drafted"]), s["accepted"], len(s["emitted"]))
+        ]
         assert kinds == r["kinds"]
         m = r["spec_decode_metrics"]
         spec = [s for s in steps if s["drafted"]]
@@ -58,8 +87,21 @@ def test_record_cli_rejects_a_bad_prompts_file(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "no prompt key"}\n')
     done = subprocess.run(
-        [sys.executable, "-m", "engine_adapter.record", "--prompts", str(bad), "--out",
-         str(tmp_path / "t.jsonl"), "--method", "off"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "engine_adapter.record",
+            "--prompts",
+            str(bad),
+            "--out",
+            str(tmp_path / "t.jsonl"),
+            "--method",
+            "off",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert 'expected an object with a "prompt" string' in done.stderr

@@ -60,4 +60,3 @@ def test_the_page_says_what_is_missing(tiny, monkeypatch):
         assert "Engine failed to start" in status_markdown(svc) and "0.5 GiB is available" in status_markdown(svc)
     finally:
         svc.close()
-

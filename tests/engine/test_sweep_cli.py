@@ -20,17 +20,41 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
     out = tmp_path / "sweep.csv"
-    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1,2",
-           "--policies", "off,k2,table,auto,auction", "--k-max", "3",
-           "--table", "[[1,1,3],[2,64,0]]", "--prompts", str(prompts), "--max-tokens", "16",
-           "--window-s", "3", "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine_adapter.sweep",
+        "--concurrency",
+        "1,2",
+        "--policies",
+        "off,k2,table,auto,auction",
+        "--k-max",
+        "3",
+        "--table",
+        "[[1,1,3],[2,64,0]]",
+        "--prompts",
+        str(prompts),
+        "--max-tokens",
+        "16",
+        "--window-s",
+        "3",
+        "--out",
+        str(out),
+        "--target",
+        str(tiny.target),
+        "--draft",
+        str(tiny.same),
+        "--kv-cache-gib",
+        "1",
+    ]
     env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0].keys()) == COLUMNS + EXTRA_COLUMNS
     assert [(r["policy"], r["concurrency"]) for r in rows] == [
-        (p, c) for p in ("off", "k2", "table", "auto", "auction") for c in ("1", "2")]
+        (p, c) for p in ("off", "k2", "table", "auto", "auction") for c in ("1", "2")
+    ]
     by = {(r["policy"], int(r["concurrency"])): r for r in rows}
     assert float(by[("off", 1)]["effective_k"]) == 0
     assert float(by[("k2", 1)]["effective_k"]) == pytest.approx(2.0)
@@ -52,13 +76,42 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
 
 def test_by_category_adds_the_column(tiny, tmp_path):
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c})
-                                 for p, c in [("def add(a, b):", "code"), ("Once upon", "story")]))
+    prompts.write_text(
+        "\n".join(
+            json.dumps({"prompt": p, "category": c}) for p, c in [("def add(a, b):", "code"), ("Once upon", "story")]
+        )
+    )
     out = tmp_path / "sweep.csv"
-    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "k1",
-           "--by-category", "--prompts", str(prompts), "--max-tokens", "8", "--min-requests", "1", "--repeats", "2",
-           "--window-s", "0", "--steps-out", str(tmp_path / "steps.jsonl"),
-           "--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "engine_adapter.sweep",
+        "--concurrency",
+        "1",
+        "--policies",
+        "k1",
+        "--by-category",
+        "--prompts",
+        str(prompts),
+        "--max-tokens",
+        "8",
+        "--min-requests",
+        "1",
+        "--repeats",
+        "2",
+        "--window-s",
+        "0",
+        "--steps-out",
+        str(tmp_path / "steps.jsonl"),
+        "--out",
+        str(out),
+        "--target",
+        str(tiny.target),
+        "--draft",
+        str(tiny.same),
+        "--kv-cache-gib",
+        "1",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(out.open()))
@@ -72,6 +125,7 @@ def test_by_category_adds_the_column(tiny, tmp_path):
     assert sorted(r["category"] for r in rows) == ["code", "story"]
     for r in rows:  # two runs each, the median between the extremes
         assert r["runs"] == "2"
-        assert float(r["total_tokens_per_s_min"]) <= float(r["total_tokens_per_s"]) <= float(r["total_tokens_per_s_max"])
+        assert (
+            float(r["total_tokens_per_s_min"]) <= float(r["total_tokens_per_s"]) <= float(r["total_tokens_per_s_max"])
+        )
     assert "run 2/2" in done.stderr
-

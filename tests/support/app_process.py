@@ -67,13 +67,19 @@ def start_app(args: list[str], log: Path) -> AppProcess:
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "app.py", "--port", str(port), *args], cwd=ROOT, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "app.py", "--port", str(port), *args],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     return AppProcess(proc, f"http://127.0.0.1:{port}", log)
 
 
-def wait_ready(app: AppProcess, ready: Callable[[str], bool] | None = engine_ready,
-               timeout_s: float = 300.0, poll_s: float = 1.0) -> Client:
+def wait_ready(
+    app: AppProcess, ready: Callable[[str], bool] | None = engine_ready, timeout_s: float = 300.0, poll_s: float = 1.0
+) -> Client:
     deadline = time.monotonic() + timeout_s
     client = None
     while time.monotonic() < deadline:

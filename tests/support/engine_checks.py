@@ -51,4 +51,3 @@ def check_invariants(r: RequestResult) -> None:
     if r.spec_decode_metrics is not None:
         # per-step accepted/drafted (and everything derived) equal vLLM's own
         assert r.tap_metrics.to_dict() == r.spec_decode_metrics
-

@@ -27,8 +27,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyFamily:
 
 def tiny_config(tiny: TinyFamily, method: str, draft: str = "same", k: int = 3, **kw) -> EngineConfig:
     return EngineConfig(
-        method=method, k=k, target=str(tiny.target), draft=str(getattr(tiny, draft)),
-        dtype="float32", max_model_len=1024, kv_cache_gib=1, max_num_seqs=32, **kw,
+        method=method,
+        k=k,
+        target=str(tiny.target),
+        draft=str(getattr(tiny, draft)),
+        dtype="float32",
+        max_model_len=1024,
+        kv_cache_gib=1,
+        max_num_seqs=32,
+        **kw,
     )
 
 
@@ -62,13 +69,27 @@ async def engines(tiny: TinyFamily):
     await cache.close()
 
 
-
-
 @pytest.fixture(scope="module")
 def app_url(tiny, tmp_path_factory):
-    app = start_app(["--method", "draft", "--k", "3", "--target", str(tiny.target), "--draft", str(tiny.perturbed),
-                     "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"],
-                    tmp_path_factory.mktemp("app") / "app.log")
+    app = start_app(
+        [
+            "--method",
+            "draft",
+            "--k",
+            "3",
+            "--target",
+            str(tiny.target),
+            "--draft",
+            str(tiny.perturbed),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "1024",
+            "--kv-cache-gib",
+            "1",
+        ],
+        tmp_path_factory.mktemp("app") / "app.log",
+    )
     try:
         try:
             wait_ready(app, engine_ready, timeout_s=300)
@@ -79,5 +100,3 @@ def app_url(tiny, tmp_path_factory):
         if not app.stop(timeout_s=60):
             pytest.fail("the app did not exit within 60 s of Ctrl-C (SIGINT)")
         assert wait_gone(str(tiny.perturbed), 30) == [], "the engine outlived the app"
-
-

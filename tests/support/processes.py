@@ -31,4 +31,3 @@ def wait_gone(needle: str, timeout_s: float = 30.0) -> list[int]:
             return []
         time.sleep(0.5)
     return processes_mentioning(needle)
-

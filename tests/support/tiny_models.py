@@ -61,9 +61,7 @@ def train_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tok.train_from_iterator(_CORPUS, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>"
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|pad|>")
     fast.save_pretrained(out_dir)
     return fast
 
@@ -92,9 +90,7 @@ def _save(model: Qwen2ForCausalLM, tok_dir: Path, out: Path) -> Path:
     for f in tok_dir.iterdir():
         shutil.copy(f, out / f.name)
     # The generation config must not carry sampling defaults into vLLM.
-    (out / "generation_config.json").write_text(
-        json.dumps({"eos_token_id": model.config.eos_token_id})
-    )
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": model.config.eos_token_id}))
     return out
 
 

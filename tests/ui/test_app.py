@@ -21,15 +21,19 @@ def test_run_streams_coloured_tokens_and_the_card(app_url):
     assert f"draft_acceptance_rate = {m['draft_acceptance_rate']:.3f}" in card
     assert f"mean_acceptance_length = {m['mean_acceptance_length']:.3f}" in card
     assert f"drafted **{m['num_draft_tokens']}**" in card
-    assert [len(s["r"]) for s in view["steps"]] == [len(s["drafted"]) - s["accepted"] if s["drafted"] else 0
-                                                   for s in trace["steps"]]
+    assert [len(s["r"]) for s in view["steps"]] == [
+        len(s["drafted"]) - s["accepted"] if s["drafted"] else 0 for s in trace["steps"]
+    ]
 
 
-@pytest.mark.parametrize("prompt, expected", [
-    ("", "Type a prompt"),
-    ("   \n ", "Type a prompt"),
-    ("x" * 9000, "characters long"),
-])
+@pytest.mark.parametrize(
+    "prompt, expected",
+    [
+        ("", "Type a prompt"),
+        ("   \n ", "Type a prompt"),
+        ("x" * 9000, "characters long"),
+    ],
+)
 def test_bad_prompts_get_a_clear_message(app_url, prompt, expected):
     client = Client(app_url, verbose=False)
     view, *_ = client.predict(prompt, 0.0, 16, api_name="/run")
@@ -63,12 +67,15 @@ def test_lossless_check_without_a_run_says_what_to_do(app_url):
 TABLE = {"headers": ["start_bs", "end_bs", "K"]}
 
 
-@pytest.mark.parametrize("policy, k, rows, shown", [
-    ("table", 3, [[1, 2, 1], [3, 64, 0]], ("table", None, [[1, 2, 1], [3, 64, 0]])),
-    ("fixed", 2, [[1, 1, 1]], ("fixed", 2, None)),
-    ("off", 3, [[1, 1, 1]], ("off", None, None)),
-    ("fixed", 3, [[1, 1, 1]], ("fixed", 3, None)),  # last: the app's own default again
-])
+@pytest.mark.parametrize(
+    "policy, k, rows, shown",
+    [
+        ("table", 3, [[1, 2, 1], [3, 64, 0]], ("table", None, [[1, 2, 1], [3, 64, 0]])),
+        ("fixed", 2, [[1, 1, 1]], ("fixed", 2, None)),
+        ("off", 3, [[1, 1, 1]], ("off", None, None)),
+        ("fixed", 3, [[1, 1, 1]], ("fixed", 3, None)),  # last: the app's own default again
+    ],
+)
 def test_a_page_loaded_later_shows_the_policy_in_force(app_url, policy, k, rows, shown):
     """The policy is engine-wide: a page opened (or reloaded) after someone applied one shows it."""
     setter = Client(app_url, verbose=False)

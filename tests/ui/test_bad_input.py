@@ -24,6 +24,7 @@ def answer(client: Client, *args, api_name: str):
     except AppError as e:
         return str(e)
 
+
 # (case, prompt, temperature, max_tokens, expected message or None for "runs")
 RUN_CASES = [
     ("empty", "", 0.0, 16, "Type a prompt"),
@@ -42,8 +43,7 @@ RUN_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case, prompt, temperature, max_tokens, expected", RUN_CASES,
-                         ids=[c[0] for c in RUN_CASES])
+@pytest.mark.parametrize("case, prompt, temperature, max_tokens, expected", RUN_CASES, ids=[c[0] for c in RUN_CASES])
 def test_run_inputs(app_url, case, prompt, temperature, max_tokens, expected):
     client = Client(app_url, verbose=False)
     got = answer(client, prompt, temperature, max_tokens, api_name="/run")
@@ -104,8 +104,9 @@ def test_invalid_policies_are_refused(app_url, case, policy, k, rows, expected):
 
 def test_the_app_still_serves_after_the_table(app_url):
     client = Client(app_url, verbose=False)
-    assert "Sent to the engine" in client.predict("fixed", 2, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]},
-                                        api_name="/set_policy")
+    assert "Sent to the engine" in client.predict(
+        "fixed", 2, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]}, api_name="/set_policy"
+    )
     view, *_, trace = client.predict("def add(a, b):", 0.0, 16, api_name="/run")
     assert len(trace["token_ids"]) == 16 and trace["kinds"][0] == "prefill"
     assert re.search(SLIDER, answer(client, "draft", 99, api_name="/apply"))  # K out of range: no restart

@@ -26,8 +26,15 @@ def page(app_url):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
-            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"],
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                "--disable-quic",
+            ],
         )
         pg = browser.new_page(viewport={"width": 1400, "height": 1100})
         dialogs: list[str] = []
@@ -38,8 +45,10 @@ def page(app_url):
         # the cost model is profiled at start-up (no cached one on a fresh machine), with up to
         # 16 requests of its own: the load tests below count the engine's requests
         with showing(pg, "#engine-status"):
-            pg.wait_for_function("() => !document.querySelector('#engine-status').innerText.includes("
-                                 "'Measuring the cost model')", timeout=240_000)
+            pg.wait_for_function(
+                "() => !document.querySelector('#engine-status').innerText.includes('Measuring the cost model')",
+                timeout=240_000,
+            )
         yield pg
         browser.close()
 
@@ -89,8 +98,11 @@ def test_code_preset_streams_coloured_tokens_with_ghosts(page):
     page.locator("#run").click()
     page.wait_for_selector("#token-view .tv-text .k-prefill", timeout=60_000)
     page.wait_for_selector("#request-card:has-text('draft_acceptance_rate')", timeout=60_000)
-    kinds = {k for k in ("accepted", "recovered", "bonus", "prefill")
-             if page.locator(f"#token-view .tv-text .k-{k}").count() > 0}
+    kinds = {
+        k
+        for k in ("accepted", "recovered", "bonus", "prefill")
+        if page.locator(f"#token-view .tv-text .k-{k}").count() > 0
+    }
     assert len(kinds) >= 2, kinds
     assert page.locator("#token-view .tv-text .k-rejected").count() > 0, "no rejected-draft ghosts"
     page.locator("#token-view .tv-text .k-prefill").first.hover()
@@ -100,12 +112,14 @@ def test_code_preset_streams_coloured_tokens_with_ghosts(page):
 def test_slider_adds_and_removes_real_load(page):
     drag_slider(page, 16)
     page.wait_for_function(
-        "() => document.querySelector('#load-readout').innerText.includes('16 requested')", timeout=30_000)
+        "() => document.querySelector('#load-readout').innerText.includes('16 requested')", timeout=30_000
+    )
     with showing(page, "#load-readout"):
         page.wait_for_function(
             "() => /running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)"
             " && +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] >= 8",
-            timeout=60_000)
+            timeout=60_000,
+        )
     page.wait_for_timeout(6000)  # let the charts fill in
     live = page.locator("#live-charts")
     assert "load → 16" in live.inner_text()
@@ -117,16 +131,18 @@ def test_slider_adds_and_removes_real_load(page):
     number.fill("4")
     number.press("Enter")
     page.wait_for_function(
-        "() => document.querySelector('#load-readout').innerText.includes('4 requested')", timeout=30_000)
+        "() => document.querySelector('#load-readout').innerText.includes('4 requested')", timeout=30_000
+    )
 
     drag_slider(page, 0)
     page.wait_for_function(
-        "() => document.querySelector('#load-readout').innerText.includes('No background load')",
-        timeout=30_000)
+        "() => document.querySelector('#load-readout').innerText.includes('No background load')", timeout=30_000
+    )
     with showing(page, "#load-readout"):
         page.wait_for_function(
             "() => +/running in the engine: (\\d+)/.exec(document.querySelector('#load-readout').innerText)[1] <= 1",
-            timeout=30_000)
+            timeout=30_000,
+        )
     page.screenshot(path=str(SHOTS / "3-load-stopped.png"), full_page=True)
 
 
@@ -135,8 +151,8 @@ def test_html_and_script_in_the_prompt_render_as_text(page):
     page.locator("#prompt textarea").fill(evil)
     page.locator("#run").click()
     page.wait_for_function(
-        "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('onerror')",
-        timeout=60_000)
+        "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('onerror')", timeout=60_000
+    )
     page.wait_for_selector("#token-view .tv-footer", timeout=60_000)
     page.screenshot(path=str(SHOTS / "4-html-prompt.png"), full_page=False)
     assert page.dialogs == [], f"a script ran: {page.dialogs}"
@@ -153,7 +169,8 @@ def test_k_policies_switch_live_under_load(page):
     number.fill("6")
     number.press("Enter")
     page.wait_for_function(
-        "() => document.querySelector('#load-readout').innerText.includes('6 requested')", timeout=30_000)
+        "() => document.querySelector('#load-readout').innerText.includes('6 requested')", timeout=30_000
+    )
     # a bad table first: vLLM's rule, said plainly
     page.locator("#policy input[value=table]").check()
     cell = page.locator('#k-table [data-testid="cell-0-0"]')
@@ -173,14 +190,17 @@ def test_k_policies_switch_live_under_load(page):
     page.keyboard.type("1")
     page.keyboard.press("Enter")
     with showing(page, "#table-check"):
-        page.wait_for_selector("#table-check:has-text('Valid table [[1, 2, 3], [3, 4, 1], [5, 64, 0]]')",
-                               timeout=30_000)
+        page.wait_for_selector(
+            "#table-check:has-text('Valid table [[1, 2, 3], [3, 4, 1], [5, 64, 0]]')", timeout=30_000
+        )
     page.locator("#apply-policy").click()
     with showing(page, "#policy-said"):  # a stale cell would say the row-1 error again
         page.wait_for_selector("#policy-said:has-text('Sent to the engine: K table')", timeout=60_000)
     with showing(page, "#policy-status"):  # this table, not the fixed K that was in force before
-        page.wait_for_selector("#policy-status:has-text('K table [[1, 2, 3], [3, 4, 1], [5, 64, 0]] "
-                               "(applied at engine step')", timeout=60_000)
+        page.wait_for_selector(
+            "#policy-status:has-text('K table [[1, 2, 3], [3, 4, 1], [5, 64, 0]] (applied at engine step')",
+            timeout=60_000,
+        )
     with showing(page, "#table-in-force"):
         page.wait_for_selector("#table-in-force:has-text('in force')", timeout=30_000)
     assert "Engine ready" in page.locator("#engine-status").inner_text()  # no restart
@@ -203,15 +223,16 @@ def test_k_policies_switch_live_under_load(page):
     number.fill("6")  # the reload ended this page's session and its load
     number.press("Enter")
     page.wait_for_function(
-        "() => document.querySelector('#load-readout').innerText.includes('6 requested')", timeout=30_000)
+        "() => document.querySelector('#load-readout').innerText.includes('6 requested')", timeout=30_000
+    )
     page.locator("#policy input[value=fixed]").check()
     page.locator("#apply-policy").click()
     page.wait_for_selector("#policy-status:has-text('fixed K=3 (applied')", timeout=60_000)
     number.fill("0")
     number.press("Enter")
     page.wait_for_function(
-        "() => document.querySelector('#load-readout').innerText.includes('No background load')",
-        timeout=30_000)
+        "() => document.querySelector('#load-readout').innerText.includes('No background load')", timeout=30_000
+    )
 
 
 def test_changing_the_method_restarts_the_engine_visibly(page):
@@ -225,6 +246,6 @@ def test_changing_the_method_restarts_the_engine_visibly(page):
     page.locator("#prompt textarea").fill("ab ab ab ab ab ab")
     page.locator("#run").click()
     page.wait_for_function(
-        "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('ab ab ab')",
-        timeout=60_000)
+        "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('ab ab ab')", timeout=60_000
+    )
     page.wait_for_selector("#token-view .tv-footer", timeout=60_000)

@@ -14,39 +14,52 @@ from explorer.views.k_table import table_check, table_rows
 from explorer.views.policy_charts import auction_figure, auto_figure, step_time_figure, table_in_force_markdown
 
 
-@pytest.mark.parametrize("cells, expected", [
-    ([[1, 2, 3], [3, 64, 0]], [[1, 2, 3], [3, 64, 0]]),
-    (pd.DataFrame([[1.0, 4.0, 2.0]]), [[1, 4, 2]]),  # the editor sends floats
-    ({"headers": ["start_bs", "end_bs", "K"], "data": [[1, 8, 1]]}, [[1, 8, 1]]),  # the API's form
-    ([[1, 8, 1], [None, None, None], ["", "", ""]], [[1, 8, 1]]),  # empty rows are skipped
-    (pd.DataFrame([[1, 8, 1], [math.nan, math.nan, math.nan]]), [[1, 8, 1]]),
-])
+@pytest.mark.parametrize(
+    "cells, expected",
+    [
+        ([[1, 2, 3], [3, 64, 0]], [[1, 2, 3], [3, 64, 0]]),
+        (pd.DataFrame([[1.0, 4.0, 2.0]]), [[1, 4, 2]]),  # the editor sends floats
+        ({"headers": ["start_bs", "end_bs", "K"], "data": [[1, 8, 1]]}, [[1, 8, 1]]),  # the API's form
+        ([[1, 8, 1], [None, None, None], ["", "", ""]], [[1, 8, 1]]),  # empty rows are skipped
+        (pd.DataFrame([[1, 8, 1], [math.nan, math.nan, math.nan]]), [[1, 8, 1]]),
+    ],
+)
 def test_table_rows_accepts(cells, expected):
     assert table_rows(cells) == expected
 
 
-@pytest.mark.parametrize("cells, error", [
-    ([[1, 2.5, 3]], "end_bs must be a whole number"),
-    ([[1, "x", 3]], "end_bs must be a whole number"),
-    ([[1, 2]], "needs three cells"),
-    ([[1, 2, None]], "K must be a whole number"),
-    ([[1, 1, 1]] * 65, "at most 64 rows"),
-])
+@pytest.mark.parametrize(
+    "cells, error",
+    [
+        ([[1, 2.5, 3]], "end_bs must be a whole number"),
+        ([[1, "x", 3]], "end_bs must be a whole number"),
+        ([[1, 2]], "needs three cells"),
+        ([[1, 2, None]], "K must be a whole number"),
+        ([[1, 1, 1]] * 65, "at most 64 rows"),
+    ],
+)
 def test_table_rows_refuses(cells, error):
     with pytest.raises(ValueError, match=error):
         table_rows(cells)
 
 
-@pytest.mark.parametrize("cells, k_max, said", [
-    ([[1, 2, 3], [3, 64, 0]], 3, "Valid table [[1, 2, 3], [3, 64, 0]]"),
-    (pd.DataFrame([[3.0, 64.0, 0.0], [1.0, 2.0, 3.0]]), 5, "Valid table [[1, 2, 3], [3, 64, 0]]"),  # sorted, as vLLM
-    ([[2, 2, 3], [3, 64, 0]], 5, "✕ Not a valid table yet: the first row must start at batch size 1"),
-    ([[1, 4, 3], [3, 64, 0]], 5, "overlap"),
-    ([[1, 4, 6]], 5, "above this engine's num_speculative_tokens (5)"),
-    ([[1, 4, -1]], 5, "K must be >= 0"),
-    ([[1, "x", 1]], 5, "end_bs must be a whole number"),
-    ([], 5, "non-empty list"),
-])
+@pytest.mark.parametrize(
+    "cells, k_max, said",
+    [
+        ([[1, 2, 3], [3, 64, 0]], 3, "Valid table [[1, 2, 3], [3, 64, 0]]"),
+        (
+            pd.DataFrame([[3.0, 64.0, 0.0], [1.0, 2.0, 3.0]]),
+            5,
+            "Valid table [[1, 2, 3], [3, 64, 0]]",
+        ),  # sorted, as vLLM
+        ([[2, 2, 3], [3, 64, 0]], 5, "✕ Not a valid table yet: the first row must start at batch size 1"),
+        ([[1, 4, 3], [3, 64, 0]], 5, "overlap"),
+        ([[1, 4, 6]], 5, "above this engine's num_speculative_tokens (5)"),
+        ([[1, 4, -1]], 5, "K must be >= 0"),
+        ([[1, "x", 1]], 5, "end_bs must be a whole number"),
+        ([], 5, "non-empty list"),
+    ],
+)
 def test_the_table_is_checked_as_it_is_typed(cells, k_max, said):
     assert said in table_check(cells, k_max)
 
@@ -54,9 +67,18 @@ def test_the_table_is_checked_as_it_is_typed(cells, k_max, said):
 TABLE = [(1, 2, 3), (4, 8, 1), (16, 64, 0)]
 
 
-@pytest.mark.parametrize("batch, row, note", [
-    (1, 0, ""), (2, 0, ""), (3, 0, "gap"), (5, 1, ""), (12, 1, "gap"), (16, 2, ""), (64, 2, ""),
-])
+@pytest.mark.parametrize(
+    "batch, row, note",
+    [
+        (1, 0, ""),
+        (2, 0, ""),
+        (3, 0, "gap"),
+        (5, 1, ""),
+        (12, 1, "gap"),
+        (16, 2, ""),
+        (64, 2, ""),
+    ],
+)
 def test_the_row_in_force_is_marked(batch, row, note):
     md = table_in_force_markdown(TABLE, batch, auction=False, k_max=5)
     lines = md.splitlines()[2:]
@@ -70,8 +92,25 @@ def test_auction_replaces_the_table_view():
 
 
 def step(seq, b, k, n, s, bids=()):
-    return EngineStep(seq, float(seq), s, s, b, k, n, 0, 0, b, (), (), 0, 0.0, 0,
-                      sum(x.admitted for x in bids) if bids else None, tuple(bids))
+    return EngineStep(
+        seq,
+        float(seq),
+        s,
+        s,
+        b,
+        k,
+        n,
+        0,
+        0,
+        b,
+        (),
+        (),
+        0,
+        0.0,
+        0,
+        sum(x.admitted for x in bids) if bids else None,
+        tuple(bids),
+    )
 
 
 COST = CostModel(0.05, 0.002, 4, points=(CostPoint(1, 0, 1, 0.05, 5), CostPoint(4, 3, 16, 0.074, 5)))

@@ -1,4 +1,5 @@
-"""The app launched with ``--replay`` on a shipped trace (no engine at all), and a live session recorded by the app that replays."""
+"""The app launched with ``--replay`` on a shipped trace (no engine at all),
+and a live session recorded by the app that replays."""
 
 from __future__ import annotations
 
@@ -22,8 +23,16 @@ ROOT = PROJECT_ROOT
 TRACES = data_path("traces")
 
 
-CHART_COLUMNS = ["t", "k", "batch", "effective_k", "tokens_per_step", "accepted_per_step", "acceptance_rate",
-                 "total_tokens_per_s"]
+CHART_COLUMNS = [
+    "t",
+    "k",
+    "batch",
+    "effective_k",
+    "tokens_per_step",
+    "accepted_per_step",
+    "acceptance_rate",
+    "total_tokens_per_s",
+]
 
 
 def session_pids(sid: int) -> list[int]:
@@ -39,8 +48,9 @@ def cmdline(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def replay_app(tmp_path_factory):
-    app = start_app(["--replay", "traces/low_load.jsonl", "--replay-speed", "4"],
-                    tmp_path_factory.mktemp("replay-app") / "app.log")
+    app = start_app(
+        ["--replay", "traces/low_load.jsonl", "--replay-speed", "4"], tmp_path_factory.mktemp("replay-app") / "app.log"
+    )
     try:
         try:
             wait_ready(app, None, timeout_s=120, poll_s=0.5)
@@ -77,8 +87,9 @@ def test_replay_app_runs_the_recorded_requests(replay_app):
     assert kinds == wanted["kinds"] and line["token_ids"] == wanted["token_ids"]
     assert line["text"] == wanted["text"] and line["prompt"] == wanted["prompt"]
     assert f"draft_acceptance_rate = {wanted['spec_decode_metrics']['draft_acceptance_rate']:.3f}" in card
-    assert [len(s["r"]) for s in view["steps"]] == [len(s["drafted"]) - s["accepted"] if s["drafted"] else 0
-                                                   for s in wanted["steps"]]
+    assert [len(s["r"]) for s in view["steps"]] == [
+        len(s["drafted"]) - s["accepted"] if s["drafted"] else 0 for s in wanted["steps"]
+    ]
     # an unrecorded prompt plays the next recorded request (the one after it)
     *_, nxt = client.predict("a prompt nobody recorded", 0.0, 8, api_name="/run")
     assert nxt["token_ids"] == trace.request_lines[2 % len(trace.requests)]["token_ids"]
@@ -94,7 +105,7 @@ def test_replay_app_charts_move_and_export_csv(replay_app):
     assert "Requests running in the engine" in readout
     path = client.predict(api_name="/export_csv")
     rows = list(csv.DictReader(open(path, encoding="utf-8")))
-    assert list(rows[0])[:len(CHART_COLUMNS)] == CHART_COLUMNS and "load" in rows[0]
+    assert list(rows[0])[: len(CHART_COLUMNS)] == CHART_COLUMNS and "load" in rows[0]
     assert any(r["k"] for r in rows), "the replayed steps fill the chart's bins"
     client.predict(8, api_name="/set_load")  # the slider cannot change a recording; the status says so
     assert "the background load is the recorded one" in client.predict(api_name="/status")
@@ -103,9 +114,27 @@ def test_replay_app_charts_move_and_export_csv(replay_app):
 def test_app_records_a_live_session_that_replays(tiny, tmp_path):
     """app.py --record on a tiny engine: the trace holds the run, the steps, the load, and replays."""
     out = tmp_path / "session.jsonl"
-    app = start_app(["--method", "draft", "--k", "3", "--target", str(tiny.target), "--draft", str(tiny.perturbed),
-                     "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1", "--record", str(out)],
-                    tmp_path / "app.log")
+    app = start_app(
+        [
+            "--method",
+            "draft",
+            "--k",
+            "3",
+            "--target",
+            str(tiny.target),
+            "--draft",
+            str(tiny.perturbed),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "1024",
+            "--kv-cache-gib",
+            "1",
+            "--record",
+            str(out),
+        ],
+        tmp_path / "app.log",
+    )
     try:
         try:
             client = wait_ready(app, engine_ready, timeout_s=300)
@@ -132,4 +161,3 @@ def test_app_records_a_live_session_that_replays(tiny, tmp_path):
     # the foreground request's steps are among the server-wide engine steps, at the same times
     step_times = {round(s.t, 4) for s in trace.steps}
     assert all(s["t"] in step_times for s in line["steps"])
-

@@ -1,4 +1,5 @@
-"""The request card, its charts and the token tooltips: what they say when an idle drafter dropped the request or no draft was tested."""
+"""The request card, its charts and the token tooltips: what they say when an idle drafter
+dropped the request or no draft was tested."""
 
 from __future__ import annotations
 
@@ -11,36 +12,73 @@ from explorer.views.request_card import card_markdown, histogram_figure, positio
 from explorer.views.token_view import token_view_value
 
 METRICS = {
-    "mean_acceptance_length": 1.5, "draft_acceptance_rate": 0.5, "acceptance_histogram": [1, 1],
-    "num_spec_steps": 2, "num_accepted_draft_tokens": 1, "num_draft_tokens": 2, "num_spec_tokens": 1,
+    "mean_acceptance_length": 1.5,
+    "draft_acceptance_rate": 0.5,
+    "acceptance_histogram": [1, 1],
+    "num_spec_steps": 2,
+    "num_accepted_draft_tokens": 1,
+    "num_draft_tokens": 2,
+    "num_spec_tokens": 1,
 }
 
 
 def _step(index: int, emitted: list[int], drafted: list[int], accepted: int, idle: bool) -> Step:
     kinds = ["prefill"] if index == 0 else (["accepted"] * accepted + ["recovered" if drafted else "plain"])
-    tokens = [Token(id=t, text=f"t{t}", kind=k, step=index, draft_pos=None, k=len(drafted), batch_size=2)
-              for t, k in zip(emitted, kinds)]
-    return Step(index=index, t=float(index), wall_s=0.01, batch_size=2, k=len(drafted), drafted=drafted,
-                num_drafted=len(drafted), accepted=accepted, emitted=emitted, tokens=tokens, drafter_idle=idle)
+    tokens = [
+        Token(id=t, text=f"t{t}", kind=k, step=index, draft_pos=None, k=len(drafted), batch_size=2)
+        for t, k in zip(emitted, kinds)
+    ]
+    return Step(
+        index=index,
+        t=float(index),
+        wall_s=0.01,
+        batch_size=2,
+        k=len(drafted),
+        drafted=drafted,
+        num_drafted=len(drafted),
+        accepted=accepted,
+        emitted=emitted,
+        tokens=tokens,
+        drafter_idle=idle,
+    )
 
 
 def _result(steps: list[Step]) -> RequestResult:
     ids = [t for s in steps for t in s.emitted]
     return RequestResult(
-        request_id="r", prompt="p", text="", token_ids=ids, kinds=[], steps=steps, provenance="tap",
-        spec_decode_metrics=METRICS, tap_metrics=None, finish_reason="length", num_prompt_tokens=3,
-        t_start=0.0, t_first_token=0.1, t_end=1.0,
+        request_id="r",
+        prompt="p",
+        text="",
+        token_ids=ids,
+        kinds=[],
+        steps=steps,
+        provenance="tap",
+        spec_decode_metrics=METRICS,
+        tap_metrics=None,
+        finish_reason="length",
+        num_prompt_tokens=3,
+        t_start=0.0,
+        t_first_token=0.1,
+        t_end=1.0,
     )
 
 
-@pytest.mark.parametrize("idle_from, says", [
-    (None, None),
-    (2, "drafter idle from step 2"),  # steps 2 and 3: 1 + 1 tokens from the target alone
-    (1, "drafter idle from step 1"),
-], ids=["never", "late", "early"])
+@pytest.mark.parametrize(
+    "idle_from, says",
+    [
+        (None, None),
+        (2, "drafter idle from step 2"),  # steps 2 and 3: 1 + 1 tokens from the target alone
+        (1, "drafter idle from step 1"),
+    ],
+    ids=["never", "late", "early"],
+)
 def test_the_card_says_when_the_drafter_went_idle(idle_from, says):
-    steps = [_step(0, [1], [], 0, False), _step(1, [2, 3], [9], 1, idle_from == 1),
-             _step(2, [4], [], 0, idle_from is not None), _step(3, [5], [], 0, idle_from is not None)]
+    steps = [
+        _step(0, [1], [], 0, False),
+        _step(1, [2, 3], [9], 1, idle_from == 1),
+        _step(2, [4], [], 0, idle_from is not None),
+        _step(3, [5], [], 0, idle_from is not None),
+    ]
     card = card_markdown(_result(steps))
     tips = [t["tip"] for s in token_view_value(steps)["steps"] for t in s["t"]]
     if says is None:
@@ -52,33 +90,49 @@ def test_the_card_says_when_the_drafter_went_idle(idle_from, says):
         assert sum("drafter idle" in t for t in tips) == n_after
 
 
-@pytest.mark.parametrize("ks, says", [
-    ([1, 1, 1], None),  # K in force = num_spec_tokens (1): nothing to add
-    ([0, 0, 0], "K in force for this request's steps: **0**"),
-    ([0, 1, 0], "K in force for this request's steps: **0–1**"),
-], ids=["same", "all-zero", "range"])
+@pytest.mark.parametrize(
+    "ks, says",
+    [
+        ([1, 1, 1], None),  # K in force = num_spec_tokens (1): nothing to add
+        ([0, 0, 0], "K in force for this request's steps: **0**"),
+        ([0, 1, 0], "K in force for this request's steps: **0–1**"),
+    ],
+    ids=["same", "all-zero", "range"],
+)
 def test_the_card_says_which_k_the_steps_ran_with(ks, says):
     steps = [_step(0, [1], [], 0, False)] + [
-        replace(_step(i + 1, [i + 2], [], 0, False), k=k) for i, k in enumerate(ks)]
+        replace(_step(i + 1, [i + 2], [], 0, False), k=k) for i, k in enumerate(ks)
+    ]
     card = card_markdown(_result(steps))
     assert "num_spec_tokens (K) **1**" in card
     assert (says in card) if says else "K in force" not in card
 
 
 SPEC_OFF = None
-NO_VERIFY = {**METRICS, "acceptance_histogram": [0, 0], "num_spec_steps": 0, "num_accepted_draft_tokens": 0,
-             "num_draft_tokens": 0, "per_step_accepted": [], "per_step_drafted": []}
+NO_VERIFY = {
+    **METRICS,
+    "acceptance_histogram": [0, 0],
+    "num_spec_steps": 0,
+    "num_accepted_draft_tokens": 0,
+    "num_draft_tokens": 0,
+    "per_step_accepted": [],
+    "per_step_drafted": [],
+}
 DRAFTED = {**METRICS, "per_step_accepted": [1, 0], "per_step_drafted": [1, 1]}
 
 
-@pytest.mark.parametrize("metrics, hist_says, pos_says", [
-    ("no run", "Run a prompt", "Run a prompt"),
-    (SPEC_OFF, "Speculation is off", "Speculation is off"),
-    (NO_VERIFY, "No verify steps: K was 0", "No verify steps: K was 0"),
-    ("one token", "ended at its first token", "ended at its first token"),
-    ({**METRICS}, None, "No per-step drafts recorded"),  # totals only (no tap)
-    (DRAFTED, None, None),
-], ids=["no-run", "spec-off", "k0-throughout", "one-token", "totals-only", "drafted"])
+@pytest.mark.parametrize(
+    "metrics, hist_says, pos_says",
+    [
+        ("no run", "Run a prompt", "Run a prompt"),
+        (SPEC_OFF, "Speculation is off", "Speculation is off"),
+        (NO_VERIFY, "No verify steps: K was 0", "No verify steps: K was 0"),
+        ("one token", "ended at its first token", "ended at its first token"),
+        ({**METRICS}, None, "No per-step drafts recorded"),  # totals only (no tap)
+        (DRAFTED, None, None),
+    ],
+    ids=["no-run", "spec-off", "k0-throughout", "one-token", "totals-only", "drafted"],
+)
 def test_an_empty_draft_chart_says_why(metrics, hist_says, pos_says):
     steps = [_step(0, [1], [], 0, False), _step(1, [2, 3], [9], 1, False)]
     if metrics == "one token":

@@ -16,10 +16,33 @@ ROOT = PROJECT_ROOT
 @pytest.mark.slow
 def test_twenty_users_for_two_minutes_leave_nothing_behind(tiny):
     # two minutes are mostly warm-up (first sessions, caches): the baseline is taken at half time
-    cmd = [sys.executable, "scripts/soak.py", "--users", "20", "--duration", "120", "--drain-s", "180",
-           "--baseline-after", "0.5", "--",
-           "--method", "draft", "--k", "3", "--target", str(tiny.target), "--draft", str(tiny.perturbed),
-           "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"]
+    cmd = [
+        sys.executable,
+        "scripts/soak.py",
+        "--users",
+        "20",
+        "--duration",
+        "120",
+        "--drain-s",
+        "180",
+        "--baseline-after",
+        "0.5",
+        "--",
+        "--method",
+        "draft",
+        "--k",
+        "3",
+        "--target",
+        str(tiny.target),
+        "--draft",
+        str(tiny.perturbed),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-gib",
+        "1",
+    ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     print(report)

@@ -12,8 +12,15 @@ from explorer.views.sweep_figure import REQUIRED, read_sweep, shipped_sweeps, sh
 def rows(policy, tps_by_c, category=None):
     out = []
     for c, tps in tps_by_c.items():
-        r = {"policy": policy, "concurrency": c, "total_tokens_per_s": tps, "per_request_tokens_per_s": tps / c,
-             "mean_accepted_per_step": 1.0, "effective_k": 2.0, "draft_acceptance_rate": 0.5}
+        r = {
+            "policy": policy,
+            "concurrency": c,
+            "total_tokens_per_s": tps,
+            "per_request_tokens_per_s": tps / c,
+            "mean_accepted_per_step": 1.0,
+            "effective_k": 2.0,
+            "draft_acceptance_rate": 0.5,
+        }
         if category:
             r["category"] = category
         out.append(r)
@@ -29,8 +36,12 @@ def test_speedup_is_against_off_at_the_same_level():
 
 
 def test_categories_get_their_own_baseline_and_panel():
-    df = pd.DataFrame(rows("off", {1: 10}, "code") + rows("k3", {1: 15}, "code")
-                      + rows("off", {1: 5}, "story") + rows("k3", {1: 6}, "story"))
+    df = pd.DataFrame(
+        rows("off", {1: 10}, "code")
+        + rows("k3", {1: 15}, "code")
+        + rows("off", {1: 5}, "story")
+        + rows("k3", {1: 6}, "story")
+    )
     d = with_speedup(df).set_index(["policy", "category"])
     assert d.loc[("k3", "story"), "speedup"] == pytest.approx(1.2)
     fig = sweep_figure(df)
@@ -42,11 +53,14 @@ def test_without_off_the_figure_shows_tokens_per_second():
     assert fig.layout.yaxis.title.text == "total tokens/s"
 
 
-@pytest.mark.parametrize("content, error", [
-    ("", "cannot read"),
-    ("policy,concurrency\nk1,1\n", "missing column"),
-    (",".join(REQUIRED) + "\n", "has no rows"),
-])
+@pytest.mark.parametrize(
+    "content, error",
+    [
+        ("", "cannot read"),
+        ("policy,concurrency\nk1,1\n", "missing column"),
+        (",".join(REQUIRED) + "\n", "has no rows"),
+    ],
+)
 def test_bad_csvs_get_a_clear_message(tmp_path, content, error):
     path = tmp_path / "bad.csv"
     path.write_text(content)
@@ -60,10 +74,26 @@ def test_sweep_targets_table():
     from engine_adapter.measure.targets import check
 
     def row(policy, c, tps, acc="0.8 0.7"):
-        return {"policy": policy, "concurrency": c, "total_tokens_per_s": tps, "category": "code",
-                "acceptance_per_position": acc}
-    df = pd.DataFrame([row("off", 1, 10), row("k3", 1, 15), row("auto", 1, 14.6), row("auction", 1, 13),
-                       row("off", 16, 40), row("k3", 16, 20, "0.81 0.62"), row("auto", 16, 39), row("auction", 16, 38)])
+        return {
+            "policy": policy,
+            "concurrency": c,
+            "total_tokens_per_s": tps,
+            "category": "code",
+            "acceptance_per_position": acc,
+        }
+
+    df = pd.DataFrame(
+        [
+            row("off", 1, 10),
+            row("k3", 1, 15),
+            row("auto", 1, 14.6),
+            row("auction", 1, 13),
+            row("off", 16, 40),
+            row("k3", 16, 20, "0.81 0.62"),
+            row("auto", 16, 39),
+            row("auction", 16, 38),
+        ]
+    )
     got = {(c["target"][:6], c["policy"], c["concurrency"]): (c["value"], c["ok"]) for c in check(df)}
     assert got[("policy", "auto", 1)] == (0.973, True)  # 14.6 / 15
     assert got[("policy", "auction", 1)] == (0.867, False)
@@ -82,8 +112,9 @@ def test_sweep_targets_table():
     df["acceptance_per_position_per_text"] = ["", float("nan"), "", ""] * 2  # as a CSV reads back: NaN
     df.loc[df["policy"] == "k3", "policy"] = "k0"
     assert not [c for c in check(df) if c["target"].startswith("accept")]
-    one_level = df[df["concurrency"] == 16].assign(policy=["off", "k3", "auto", "auction"],
-                                                    acceptance_per_position_per_text="0.8 0.7")
+    one_level = df[df["concurrency"] == 16].assign(
+        policy=["off", "k3", "auto", "auction"], acceptance_per_position_per_text="0.8 0.7"
+    )
     assert not [c for c in check(one_level) if c["target"].startswith("accept")]
 
 
@@ -91,7 +122,8 @@ def test_shipped_sweeps_follow_the_index_then_the_rest_by_name(tmp_path):
     for name in ("b.csv", "a.csv", "record.csv"):
         (tmp_path / name).write_text(",".join(REQUIRED) + "\n")
     (tmp_path / "index.json").write_text(
-        '[{"file": "record.csv", "about": "of record"}, {"file": "gone.csv", "about": "deleted"}]')
+        '[{"file": "record.csv", "about": "of record"}, {"file": "gone.csv", "about": "deleted"}]'
+    )
     got = [(s.path.name, s.about) for s in shipped_sweeps(tmp_path)]
     assert got == [("record.csv", "of record"), ("a.csv", ""), ("b.csv", "")]
     assert shipped_sweeps(tmp_path / "missing") == []

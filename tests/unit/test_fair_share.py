@@ -7,18 +7,21 @@ import pytest
 from engine_adapter.service.fair_share import SessionLoads, fair_shares
 
 
-@pytest.mark.parametrize("asks, cap, expected", [
-    ({}, 64, {}),
-    ({"a": 8}, 64, {"a": 8}),
-    ({"a": 64, "b": 64}, 64, {"a": 32, "b": 32}),
-    ({"a": 4, "b": 64}, 64, {"a": 4, "b": 60}),  # a small ask leaves the rest to the big one
-    ({"a": 64, "b": 64, "c": 64}, 64, {"a": 21, "b": 21, "c": 22}),
-    ({"a": 10, "b": 30, "c": 40}, 64, {"a": 10, "b": 27, "c": 27}),
-    ({"a": 5, "b": 5}, 4, {"a": 2, "b": 2}),
-    ({"a": 1, "b": 1, "c": 1}, 2, {"a": 0, "b": 1, "c": 1}),  # fewer slots than sessions
-    ({"a": -3, "b": 2}, 64, {"a": 0, "b": 2}),
-    ({"a": 10}, 0, {"a": 0}),
-])
+@pytest.mark.parametrize(
+    "asks, cap, expected",
+    [
+        ({}, 64, {}),
+        ({"a": 8}, 64, {"a": 8}),
+        ({"a": 64, "b": 64}, 64, {"a": 32, "b": 32}),
+        ({"a": 4, "b": 64}, 64, {"a": 4, "b": 60}),  # a small ask leaves the rest to the big one
+        ({"a": 64, "b": 64, "c": 64}, 64, {"a": 21, "b": 21, "c": 22}),
+        ({"a": 10, "b": 30, "c": 40}, 64, {"a": 10, "b": 27, "c": 27}),
+        ({"a": 5, "b": 5}, 4, {"a": 2, "b": 2}),
+        ({"a": 1, "b": 1, "c": 1}, 2, {"a": 0, "b": 1, "c": 1}),  # fewer slots than sessions
+        ({"a": -3, "b": 2}, 64, {"a": 0, "b": 2}),
+        ({"a": 10}, 0, {"a": 0}),
+    ],
+)
 def test_fair_shares(asks, cap, expected):
     got = fair_shares(asks, cap)
     assert got == expected

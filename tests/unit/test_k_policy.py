@@ -102,8 +102,13 @@ def test_auto_table_hand_computed_cpu_case():
     "case, scores, cost, batch, admitted",
     [
         # a confident request's deep position outranks a doubtful request's first
-        ("deep beats doubtful", {"sure": [0.95, 0.92, 0.90, 0.88], "doubt": [0.20, 0.05, 0.01, 0.0]},
-         CostModel(0.1, 0.1, 6), None, {"sure": 4, "doubt": 0}),
+        (
+            "deep beats doubtful",
+            {"sure": [0.95, 0.92, 0.90, 0.88], "doubt": [0.20, 0.05, 0.01, 0.0]},
+            CostModel(0.1, 0.1, 6),
+            None,
+            {"sure": 4, "doubt": 0},
+        ),
         # free verification (GPU-like): everything positive is admitted
         ("free slots", {"a": [0.9, 0.5], "b": [0.1, 0.01]}, GPU, None, {"a": 2, "b": 2}),
         # expensive slots: nothing is worth verifying
@@ -167,8 +172,9 @@ def test_slot_scores_are_calibrated_against_what_was_kept():
     assert got[2] == pytest.approx(min(raw[2] * cal[2], got[1])) and got[2] < raw[2]
     assert got[0] >= got[1] >= got[2] and got[0] <= 1.0
     # a new request starts from the pooled estimate, calibrated alike
-    assert est.scores("new", 3)[2] == pytest.approx(min(survival(est.pooled_alphas())[2] * cal[2],
-                                                         est.scores("new", 3)[1]))
+    assert est.scores("new", 3)[2] == pytest.approx(
+        min(survival(est.pooled_alphas())[2] * cal[2], est.scores("new", 3)[1])
+    )
 
 
 def make_points(model: CostModel, grid) -> list[CostPoint]:
@@ -218,14 +224,17 @@ def test_alphas_from_counts(accepted, reached, expected):
     assert alphas_from_counts(accepted, reached) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("cost, expected", [
-    (CostModel(0.1, 0.0, 0), 4),  # free drafting and verification: propose everything
-    # a drafter dearer than the step: only the position its standing pass gives for free
-    (CostModel(0.1, 0.0, 0, draft_s=0.2), 1),
-    # 20 ms per position beyond the first, free verification: K=3 gives (2 + 3.19) / 0.14 = 37.1
-    # tokens/s against 36.75 for K=2 and 36.6 for K=4 (0.66 + 0.0 more for 20 ms)
-    (CostModel(0.1, 0.0, 0, draft_s=0.02), 3),
-])
+@pytest.mark.parametrize(
+    "cost, expected",
+    [
+        (CostModel(0.1, 0.0, 0), 4),  # free drafting and verification: propose everything
+        # a drafter dearer than the step: only the position its standing pass gives for free
+        (CostModel(0.1, 0.0, 0, draft_s=0.2), 1),
+        # 20 ms per position beyond the first, free verification: K=3 gives (2 + 3.19) / 0.14 = 37.1
+        # tokens/s against 36.75 for K=2 and 36.6 for K=4 (0.66 + 0.0 more for 20 ms)
+        (CostModel(0.1, 0.0, 0, draft_s=0.02), 3),
+    ],
+)
 def test_best_ceiling_counts_the_drafters_cost(cost, expected):
     scores = {"a": [0.9, 0.81, 0.73, 0.66], "b": [0.5, 0.2, 0.05, 0.0]}
     k, rates = best_ceiling(scores, cost)
@@ -246,10 +255,14 @@ _FIT = CostModel(0.229, 0.007, 24, draft_s=0.065, draft_s_per_req=0.017, first_s
 _CELL = CostPoint(4, 0, 4, 0.186, samples=9)
 
 
-@pytest.mark.parametrize("points, ceiling", [
-    ((), 1),  # on the fit alone, drafting looks worth it for these scores
-    ((_CELL,), 0),  # the measured K=0 step is cheaper: as the auto table would, draft nothing
-], ids=["fit-only", "measured-k0"])
+@pytest.mark.parametrize(
+    "points, ceiling",
+    [
+        ((), 1),  # on the fit alone, drafting looks worth it for these scores
+        ((_CELL,), 0),  # the measured K=0 step is cheaper: as the auto table would, draft nothing
+    ],
+    ids=["fit-only", "measured-k0"],
+)
 def test_the_auction_prices_measured_cells_as_measured(points, ceiling):
     cost = CostModel(**{**_FIT.__dict__, "points": points})
     scores = {f"r{i}": [0.8, 0.6, 0.4] for i in range(4)}
@@ -259,13 +272,16 @@ def test_the_auction_prices_measured_cells_as_measured(points, ceiling):
         assert auction({r: s[:0] for r, s in scores.items()}, cost, 4, k_drafted=0).step_s == pytest.approx(0.186)
 
 
-@pytest.mark.parametrize("k_policy, can_draft, fresh, k_at_recent_peak, expected", [
-    (3, True, False, 0, 3),   # only engaged requests: the policy's K, whatever the peak was
-    (3, False, False, 3, 0),  # every running request dropped by the drafter, none new: no pass for nobody
-    (3, True, True, 0, 0),    # a new one while the batch was just at a K=0 size: not engaged
-    (3, True, True, 3, 3),    # a new one, and the recent load drafts too: engaged
-    (0, True, True, 0, 0),    # the policy's own K=0
-    (2, True, True, 1, 2),    # a smaller K at the peak is still drafting: the policy's K
-])
+@pytest.mark.parametrize(
+    "k_policy, can_draft, fresh, k_at_recent_peak, expected",
+    [
+        (3, True, False, 0, 3),  # only engaged requests: the policy's K, whatever the peak was
+        (3, False, False, 3, 0),  # every running request dropped by the drafter, none new: no pass for nobody
+        (3, True, True, 0, 0),  # a new one while the batch was just at a K=0 size: not engaged
+        (3, True, True, 3, 3),  # a new one, and the recent load drafts too: engaged
+        (0, True, True, 0, 0),  # the policy's own K=0
+        (2, True, True, 1, 2),  # a smaller K at the peak is still drafting: the policy's K
+    ],
+)
 def test_idle_drafter_k(k_policy, can_draft, fresh, k_at_recent_peak, expected):
     assert idle_drafter_k(k_policy, can_draft=can_draft, fresh=fresh, k_at_recent_peak=k_at_recent_peak) == expected

@@ -39,17 +39,24 @@ ALLOWED: dict[str, set[str]] = {
     "service": VOCABULARY
     | {"engine_adapter.engine.*", "engine_adapter.policy.*", "engine_adapter.service.*", "engine_adapter.trace.format"},
     "trace": VOCABULARY | {"engine_adapter.trace.*", "engine_adapter.service.backend"},
-    "measure": VOCABULARY
-    | {f"engine_adapter.{p}.*" for p in ("engine", "policy", "service", "trace", "measure")},
+    "measure": VOCABULARY | {f"engine_adapter.{p}.*" for p in ("engine", "policy", "service", "trace", "measure")},
     "cli": VOCABULARY | {f"engine_adapter.{p}.*" for p in ("engine", "policy", "service", "trace", "measure")},
-    "explorer": VOCABULARY | PURE_POLICY | {"engine_adapter.service.backend", "engine_adapter.trace.format", "explorer.*"},
+    "explorer": VOCABULARY
+    | PURE_POLICY
+    | {"engine_adapter.service.backend", "engine_adapter.trace.format", "explorer.*"},
     "app": VOCABULARY | {f"engine_adapter.{p}.*" for p in ("engine", "policy", "service", "trace")} | {"explorer.*"},
 }
 # third-party packages only some layers may touch
 ONLY_IN = {"vllm": {"vllm_plugin"}, "gradio": {"explorer", "app"}, "torch": {"vllm_plugin", "engine"}}
-PURE_MODULES = VOCABULARY | PURE_POLICY | {
-    "engine_adapter.vllm_plugin.wire", "engine_adapter.vllm_plugin.paths", "engine_adapter.trace.format",
-}
+PURE_MODULES = (
+    VOCABULARY
+    | PURE_POLICY
+    | {
+        "engine_adapter.vllm_plugin.wire",
+        "engine_adapter.vllm_plugin.paths",
+        "engine_adapter.trace.format",
+    }
+)
 NOT_PURE = {"vllm", "torch", "transformers", "gradio", "zmq", "httpx"}
 
 
@@ -95,8 +102,11 @@ def imports(path: Path) -> list[tuple[str, int, bool]]:
             elif isinstance(child, ast.ImportFrom) and child.level == 0 and child.module:
                 out.append((child.module, child.lineno, typing))
                 # "from engine_adapter.engine import models" imports the module engine_adapter.engine.models
-                out.extend((f"{child.module}.{a.name}", child.lineno, typing) for a in child.names
-                           if (ROOT / child.module.replace(".", "/") / f"{a.name}.py").exists())
+                out.extend(
+                    (f"{child.module}.{a.name}", child.lineno, typing)
+                    for a in child.names
+                    if (ROOT / child.module.replace(".", "/") / f"{a.name}.py").exists()
+                )
             visit(child, typing)
 
     visit(ast.parse(path.read_text(encoding="utf-8")), False)
@@ -129,29 +139,39 @@ def test_every_import_follows_the_layer_rules():
     assert violations() == []
 
 
-@pytest.mark.parametrize("module, layer", [
-    ("app", "app"),
-    ("explorer.page", "explorer"),
-    ("engine_adapter.records", "vocabulary"),
-    ("engine_adapter.sweep", "cli"),
-    ("engine_adapter.engine.client", "engine"),
-    ("engine_adapter.engine", "engine"),
-    ("engine_adapter.vllm_plugin.tap", "vllm_plugin"),
-    ("engine_adapter.service.backend", "service"),
-    ("engine_adapter.measure.throughput", "measure"),
-])
+@pytest.mark.parametrize(
+    "module, layer",
+    [
+        ("app", "app"),
+        ("explorer.page", "explorer"),
+        ("engine_adapter.records", "vocabulary"),
+        ("engine_adapter.sweep", "cli"),
+        ("engine_adapter.engine.client", "engine"),
+        ("engine_adapter.engine", "engine"),
+        ("engine_adapter.vllm_plugin.tap", "vllm_plugin"),
+        ("engine_adapter.service.backend", "service"),
+        ("engine_adapter.measure.throughput", "measure"),
+    ],
+)
 def test_layer_of(module, layer):
     assert layer_of(module) == layer
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("import vllm\n", [("vllm", 1, False)]),
-    ("from engine_adapter.engine import models\n",
-     [("engine_adapter.engine", 1, False), ("engine_adapter.engine.models", 1, False)]),
-    ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine_adapter.engine.client import X\n",
-     [("typing", 1, False), ("engine_adapter.engine.client", 3, True)]),
-    ("def f():\n    from explorer.nowhere import thing\n", [("explorer.nowhere", 2, False)]),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        ("import vllm\n", [("vllm", 1, False)]),
+        (
+            "from engine_adapter.engine import models\n",
+            [("engine_adapter.engine", 1, False), ("engine_adapter.engine.models", 1, False)],
+        ),
+        (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from engine_adapter.engine.client import X\n",
+            [("typing", 1, False), ("engine_adapter.engine.client", 3, True)],
+        ),
+        ("def f():\n    from explorer.nowhere import thing\n", [("explorer.nowhere", 2, False)]),
+    ],
+)
 def test_imports_are_parsed_with_their_context(tmp_path, source, expected):
     path = tmp_path / "m.py"
     path.write_text(source)

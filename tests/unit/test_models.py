@@ -1,4 +1,5 @@
 """Tests for engine_adapter.engine.models: spec resolution, packaged assembly, cache safety."""
+
 from __future__ import annotations
 
 import functools
@@ -28,6 +29,7 @@ from engine_adapter.engine.models import (
 
 # ---------------------------------------------------------------- helpers
 
+
 def make_fake_packages(root: Path, n_parts: int = 11, part_size: int = 1000) -> PackagedModel:
     """Installable-looking part packages under root (put root on sys.path to use them).
 
@@ -43,9 +45,15 @@ def make_fake_packages(root: Path, n_parts: int = 11, part_size: int = 1000) -> 
         (pkg / "data" / f"part{i}.bin").write_bytes(data)
         digest.update(data)
         total += len(data)
-    return PackagedModel(key="fake", hub_id="fake/fake", gguf_name="fake.gguf",
-                         modules=tuple(f"{prefix}{i}" for i in range(1, n_parts + 1)),
-                         size=total, sha256=digest.hexdigest(), final_name="fake-bf16")
+    return PackagedModel(
+        key="fake",
+        hub_id="fake/fake",
+        gguf_name="fake.gguf",
+        modules=tuple(f"{prefix}{i}" for i in range(1, n_parts + 1)),
+        size=total,
+        sha256=digest.hexdigest(),
+        final_name="fake-bf16",
+    )
 
 
 def fake_convert(gguf: Path, out: Path, log: Path | None = None, delay: float = 0.0) -> None:
@@ -60,8 +68,7 @@ def fake_convert(gguf: Path, out: Path, log: Path | None = None, delay: float = 
 
 def leftovers(cache: Path) -> list[str]:
     """Everything in the cache except lock files and finished model dirs."""
-    return sorted(p.name for p in cache.iterdir()
-                  if not p.name.endswith(".lock") and not (p / MARKER).is_file())
+    return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock") and not (p / MARKER).is_file())
 
 
 @pytest.fixture
@@ -74,16 +81,20 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> PackagedModel:
 
 # ---------------------------------------------------------------- local directories
 
+
 def test_local_dir_ok(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     assert resolve_model(str(tmp_path)) == tmp_path.resolve()
 
 
-@pytest.mark.parametrize("layout, expected", [
-    ("missing", "does not exist"),
-    ("no_config", "no config.json"),
-    ("file", "not a directory"),
-])
+@pytest.mark.parametrize(
+    "layout, expected",
+    [
+        ("missing", "does not exist"),
+        ("no_config", "no config.json"),
+        ("file", "not a directory"),
+    ],
+)
 def test_local_dir_errors(tmp_path: Path, layout: str, expected: str) -> None:
     target = tmp_path / "model"
     if layout == "no_config":
@@ -103,9 +114,11 @@ def test_unknown_packaged_key() -> None:
 
 # ---------------------------------------------------------------- hub / offline
 
+
 @pytest.mark.parametrize("env_offline, allow_hub", [("1", None), ("1", True), ("", False)])
-def test_offline_unknown_hub_id(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                env_offline: str, allow_hub: bool | None) -> None:
+def test_offline_unknown_hub_id(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, env_offline: str, allow_hub: bool | None
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", env_offline)
 
     def no_network(*args: object, **kwargs: object) -> None:
@@ -121,12 +134,18 @@ def test_offline_unknown_hub_id(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
         assert needle in message
 
 
-@pytest.mark.parametrize("spec, key", [
-    (models.DEFAULT_TARGET, "1.5b"), (models.DEFAULT_DRAFT, "0.5b"),
-    ("packaged:1.5b", "1.5b"), ("PACKAGED:0.5B", "0.5b"),
-])
-def test_offline_default_ids_use_packaged_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                                spec: str, key: str) -> None:
+@pytest.mark.parametrize(
+    "spec, key",
+    [
+        (models.DEFAULT_TARGET, "1.5b"),
+        (models.DEFAULT_DRAFT, "0.5b"),
+        ("packaged:1.5b", "1.5b"),
+        ("PACKAGED:0.5B", "0.5b"),
+    ],
+)
+def test_offline_default_ids_use_packaged_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: str, key: str
+) -> None:
     """With a finished cache entry, offline resolution returns it without building."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = next(m for m in models.PACKAGED if m.key == key)
@@ -138,12 +157,14 @@ def test_offline_default_ids_use_packaged_cache(monkeypatch: pytest.MonkeyPatch,
     assert got == final and stages == ["done"]
 
 
-@pytest.mark.parametrize("spec, expected", [
-    (models.DEFAULT_TARGET, "packaged"),  # the default pair falls back to the packaged copy
-    ("someone/other-model", "could not download someone/other-model"),
-])
-def test_online_hub_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                            spec: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        (models.DEFAULT_TARGET, "packaged"),  # the default pair falls back to the packaged copy
+        ("someone/other-model", "could not download someone/other-model"),
+    ],
+)
+def test_online_hub_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, spec: str, expected: str) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     calls: list[tuple[str, bool]] = []
 
@@ -194,8 +215,7 @@ def test_hub_probe(monkeypatch: pytest.MonkeyPatch, answers: bool) -> None:
 
 
 def test_missing_part_packages_named() -> None:
-    model = PackagedModel("x", "x/x", ("no_such_pkg_part1", "no_such_pkg_part2"), "x.gguf",
-                          1, "0" * 64, "x-bf16")
+    model = PackagedModel("x", "x/x", ("no_such_pkg_part1", "no_such_pkg_part2"), "x.gguf", 1, "0" * 64, "x-bf16")
     with pytest.raises(ModelResolutionError) as info:
         locate_parts(model)
     assert "no-such-pkg-part1, no-such-pkg-part2" in str(info.value)
@@ -203,6 +223,7 @@ def test_missing_part_packages_named() -> None:
 
 
 # ---------------------------------------------------------------- packaged assembly
+
 
 def test_parts_sorted_numerically_without_import(fake: PackagedModel) -> None:
     names = [p.name for p in locate_parts(fake)]
@@ -213,8 +234,7 @@ def test_parts_sorted_numerically_without_import(fake: PackagedModel) -> None:
 def test_assemble_and_convert(fake: PackagedModel, tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     calls: list[tuple[str, float]] = []
-    final = ensure_packaged(fake, cache, convert=fake_convert,
-                            progress=lambda s, f: calls.append((s, f)))
+    final = ensure_packaged(fake, cache, convert=fake_convert, progress=lambda s, f: calls.append((s, f)))
     assert final == cache / "fake-bf16"
     assert json.loads((final / "config.json").read_text())["source_sha"] == fake.sha256
     assert (final / MARKER).read_text().strip() == fake.sha256
@@ -222,12 +242,14 @@ def test_assemble_and_convert(fake: PackagedModel, tmp_path: Path) -> None:
     assert calls[-1] == ("convert", 1.0) and ("assemble", 1.0) in calls
 
 
-@pytest.mark.parametrize("damage, expected", [
-    ("flip_byte", "sha256"),
-    ("extra_byte", "expected"),
-])
-def test_corrupted_part_rejected(fake: PackagedModel, tmp_path: Path,
-                                 damage: str, expected: str) -> None:
+@pytest.mark.parametrize(
+    "damage, expected",
+    [
+        ("flip_byte", "sha256"),
+        ("extra_byte", "expected"),
+    ],
+)
+def test_corrupted_part_rejected(fake: PackagedModel, tmp_path: Path, damage: str, expected: str) -> None:
     part = locate_parts(fake)[4]
     data = bytearray(part.read_bytes())
     if damage == "flip_byte":
@@ -243,8 +265,7 @@ def test_corrupted_part_rejected(fake: PackagedModel, tmp_path: Path,
 
 
 @pytest.mark.parametrize("marker", [None, "0" * 64])
-def test_half_written_cache_rebuilt(fake: PackagedModel, tmp_path: Path,
-                                    marker: str | None) -> None:
+def test_half_written_cache_rebuilt(fake: PackagedModel, tmp_path: Path, marker: str | None) -> None:
     cache = tmp_path / "cache"
     half = cache / fake.final_name
     half.mkdir(parents=True)
@@ -283,30 +304,35 @@ def test_concurrent_processes_build_once(fake: PackagedModel, tmp_path: Path) ->
 
 # ---------------------------------------------------------------- tokenizer sharing
 
+
 def _model_dir(root: Path, name: str, vocab_size: int, vocab: dict[str, int]) -> Path:
     d = root / name
     d.mkdir()
     (d / "config.json").write_text(json.dumps({"vocab_size": vocab_size}))
-    tok = {"model": {"type": "BPE", "vocab": vocab},
-           "added_tokens": [{"id": len(vocab), "content": "<|end|>"}]}
+    tok = {"model": {"type": "BPE", "vocab": vocab}, "added_tokens": [{"id": len(vocab), "content": "<|end|>"}]}
     (d / "tokenizer.json").write_text(json.dumps(tok))
     return d
 
 
-@pytest.mark.parametrize("draft_size, draft_vocab, shares", [
-    (64, {"a": 0, "b": 1}, True),
-    (128, {"a": 0, "b": 1}, False),
-    (64, {"a": 1, "b": 0}, False),
-    (64, {"a": 0, "b": 1, "c": 2}, False),
-])
-def test_model_pair_shares_tokenizer(tmp_path: Path, draft_size: int,
-                                     draft_vocab: dict[str, int], shares: bool) -> None:
+@pytest.mark.parametrize(
+    "draft_size, draft_vocab, shares",
+    [
+        (64, {"a": 0, "b": 1}, True),
+        (128, {"a": 0, "b": 1}, False),
+        (64, {"a": 1, "b": 0}, False),
+        (64, {"a": 0, "b": 1, "c": 2}, False),
+    ],
+)
+def test_model_pair_shares_tokenizer(
+    tmp_path: Path, draft_size: int, draft_vocab: dict[str, int], shares: bool
+) -> None:
     target = _model_dir(tmp_path, "target", 64, {"a": 0, "b": 1})
     draft = _model_dir(tmp_path, "draft", draft_size, draft_vocab)
     assert model_pair_shares_tokenizer(target, draft) is shares
 
 
 # ---------------------------------------------------------------- the real packaged pair
+
 
 @pytest.mark.slow
 def test_real_packaged_pair(monkeypatch: pytest.MonkeyPatch) -> None:

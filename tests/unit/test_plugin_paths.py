@@ -13,8 +13,11 @@ def _classes():
     from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterWorker
     from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler, TapScheduler
 
-    return {paths.TAP_SCHEDULER: TapScheduler, paths.TAP_ASYNC_SCHEDULER: TapAsyncScheduler,
-            paths.IDLE_DRAFTER_WORKER: IdleDrafterWorker}
+    return {
+        paths.TAP_SCHEDULER: TapScheduler,
+        paths.TAP_ASYNC_SCHEDULER: TapAsyncScheduler,
+        paths.IDLE_DRAFTER_WORKER: IdleDrafterWorker,
+    }
 
 
 @pytest.mark.parametrize("name", ["TAP_SCHEDULER", "TAP_ASYNC_SCHEDULER", "IDLE_DRAFTER_WORKER"])
@@ -40,12 +43,15 @@ def test_the_schedulers_are_vllms_with_both_halves_of_the_plugin():
         assert mro.index(PolicyHooksMixin) < mro.index(TapMixin) < mro.index(base)
 
 
-@pytest.mark.parametrize("config, scheduler, worker", [
-    (EngineConfig(method="draft", k=3), paths.TAP_ASYNC_SCHEDULER, None),
-    (EngineConfig(method="ngram", k=3), paths.TAP_SCHEDULER, None),
-    (EngineConfig(method="draft", k=3, k_max=5), paths.TAP_ASYNC_SCHEDULER, paths.IDLE_DRAFTER_WORKER),
-    (EngineConfig(method="draft", k=3, tap=False), None, None),
-])
+@pytest.mark.parametrize(
+    "config, scheduler, worker",
+    [
+        (EngineConfig(method="draft", k=3), paths.TAP_ASYNC_SCHEDULER, None),
+        (EngineConfig(method="ngram", k=3), paths.TAP_SCHEDULER, None),
+        (EngineConfig(method="draft", k=3, k_max=5), paths.TAP_ASYNC_SCHEDULER, paths.IDLE_DRAFTER_WORKER),
+        (EngineConfig(method="draft", k=3, tap=False), None, None),
+    ],
+)
 def test_server_args_hand_vllm_the_paths(config, scheduler, worker):
     args = server_args(config, "/t", "/d" if config.method == "draft" else None, 8000)
 

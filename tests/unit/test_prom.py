@@ -10,8 +10,15 @@ LABELS = 'engine="0",model_name="target"'
 
 
 def metrics_text(
-    drafts: float, draft_tokens: float, accepted: float, per_pos: list[float], generation: float,
-    running: float = 2.0, waiting: float = 1.0, prompt: float = 100.0, success: float = 3.0,
+    drafts: float,
+    draft_tokens: float,
+    accepted: float,
+    per_pos: list[float],
+    generation: float,
+    running: float = 2.0,
+    waiting: float = 1.0,
+    prompt: float = 100.0,
+    success: float = 3.0,
 ) -> str:
     """A /metrics page laid out as vLLM's prometheus exporter writes it."""
     lines = [
@@ -62,8 +69,12 @@ def test_parse_metrics_snapshot():
     snap = parse_metrics(metrics_text(10, 30, 18, [8, 6, 4], 500), t=12.5)
     assert snap.t == 12.5
     assert snap.counters == {
-        "drafts": 10, "draft_tokens": 30, "accepted_tokens": 18, "generation_tokens": 500,
-        "prompt_tokens": 100, "requests_finished": 3,  # summed over finished_reason labels
+        "drafts": 10,
+        "draft_tokens": 30,
+        "accepted_tokens": 18,
+        "generation_tokens": 500,
+        "prompt_tokens": 100,
+        "requests_finished": 3,  # summed over finished_reason labels
     }
     assert snap.accepted_per_pos == {0: 8, 1: 6, 2: 4}
     assert (snap.running, snap.waiting) == (2.0, 1.0)
@@ -85,22 +96,30 @@ def test_parse_metrics_sums_engines():
 DELTA_CASES = [
     # (before, after, seconds, expected)
     pytest.param(
-        (10, 30, 18, [8, 6, 4], 500), (30, 90, 48, [18, 16, 14], 1500), 4.0,
+        (10, 30, 18, [8, 6, 4], 500),
+        (30, 90, 48, [18, 16, 14], 1500),
+        4.0,
         dict(effective_k=3.0, rate=30 / 60, mal=1 + 30 / 20, per_pos=[10 / 20, 10 / 10, 10 / 10], tps=250.0),
         id="K3",
     ),
     pytest.param(
-        (0, 0, 0, [0, 0, 0, 0], 0), (8, 20, 6, [4, 2, 0, 0], 40), 2.0,
+        (0, 0, 0, [0, 0, 0, 0], 0),
+        (8, 20, 6, [4, 2, 0, 0], 40),
+        2.0,
         dict(effective_k=2.5, rate=6 / 20, mal=1 + 6 / 8, per_pos=[0.5, 0.5, 0.0, None], tps=20.0),
         id="dynamic-K-position-never-reached",
     ),
     pytest.param(
-        (4, 12, 5, [3, 2], 50), (4, 12, 5, [3, 2], 80), 3.0,
+        (4, 12, 5, [3, 2], 50),
+        (4, 12, 5, [3, 2], 80),
+        3.0,
         dict(effective_k=None, rate=None, mal=None, per_pos=[None, None], tps=10.0),
         id="no-drafts-in-interval",
     ),
     pytest.param(
-        (4, 12, 5, [3, 2], 50), (4, 12, 5, [3, 2], 50), 0.0,
+        (4, 12, 5, [3, 2], 50),
+        (4, 12, 5, [3, 2], 50),
+        0.0,
         dict(effective_k=None, rate=None, mal=None, per_pos=[None, None], tps=0.0),
         id="zero-seconds",
     ),
@@ -126,13 +145,21 @@ def test_prom_delta(before, after, seconds, expected):
 
 def test_delta_without_spec_metrics():
     """A server running without speculation exposes no spec_decode counters."""
-    plain = "\n".join(
-        ln for ln in metrics_text(0, 0, 0, [], 0).splitlines() if "spec_decode" not in ln
+    plain = "\n".join(ln for ln in metrics_text(0, 0, 0, [], 0).splitlines() if "spec_decode" not in ln)
+    a = parse_metrics(
+        plain.replace(
+            'vllm:generation_tokens_total{engine="0",model_name="target"} 0',
+            'vllm:generation_tokens_total{engine="0",model_name="target"} 10',
+        ),
+        t=0.0,
     )
-    a = parse_metrics(plain.replace("vllm:generation_tokens_total{engine=\"0\",model_name=\"target\"} 0",
-                                    "vllm:generation_tokens_total{engine=\"0\",model_name=\"target\"} 10"), t=0.0)
-    b = parse_metrics(plain.replace("vllm:generation_tokens_total{engine=\"0\",model_name=\"target\"} 0",
-                                    "vllm:generation_tokens_total{engine=\"0\",model_name=\"target\"} 70"), t=3.0)
+    b = parse_metrics(
+        plain.replace(
+            'vllm:generation_tokens_total{engine="0",model_name="target"} 0',
+            'vllm:generation_tokens_total{engine="0",model_name="target"} 70',
+        ),
+        t=3.0,
+    )
     d = b - a
     assert d.effective_k is None and d.draft_acceptance_rate is None and d.mean_acceptance_length is None
     assert d.per_position_acceptance == []

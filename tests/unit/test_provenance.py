@@ -74,6 +74,7 @@ def test_vllm_example_from_steps_agrees(steps):
 
 # --- metrics_from_steps == vLLM's RequestSpecDecodeMetrics ----------------------
 
+
 def _dynamic_k_steps(seed: int, k: int, n: int) -> list[tuple[int, int]]:
     rng = random.Random(seed)
     out = []
@@ -135,30 +136,33 @@ STEPS_CASES = [
     # (chunk_sizes, per_step_accepted, per_step_drafted, expected steps, exact)
     pytest.param([], [], [], [], True, id="empty"),
     pytest.param([1], [], [], [P], True, id="prefill-only"),
-    pytest.param([1, 4, 1, 3], [3, 0, 2], [3, 3, 3],
-                 [P, (3, 3, 4), (3, 0, 1), (3, 2, 3)], True, id="no-plain-unmerged"),
-    pytest.param([5, 4], [3, 0, 2], [3, 3, 3],
-                 [P, (3, 3, 4), (3, 0, 1), (3, 2, 3)], True, id="no-plain-merged-arrays-exact"),
-    pytest.param([1, 4, 1, 2], [3, 0, 2], [3, 3, 3],
-                 [P, (3, 3, 4), (3, 0, 1), (3, 2, 2)], True, id="no-plain-last-cut-by-stop"),
-    pytest.param([1, 4, 1, 1], [3, 0, 3], [3, 3, 3],
-                 [P, (3, 3, 4), (3, 0, 1), (3, 3, 1)], True, id="no-plain-last-cut-to-1"),
-    pytest.param([7], [3, 2], [3, 3],
-                 [P, (3, 3, 4), (3, 2, 2)], True, id="no-plain-merged-last-cut"),
-    pytest.param([1, 1, 4, 1, 3, 1], [3, 2], [3, 3],
-                 [P, P, (3, 3, 4), P, (3, 2, 3), P], True, id="plain-interleaved-unmerged"),
-    pytest.param([1, 1, 1, 3], [0, 2], [2, 2],
-                 [P, (2, 0, 1), P, (2, 2, 3)], True, id="plain-and-reject-ambiguous-spec-first"),
-    pytest.param([1, 1, 1, 2], [3], [3],
-                 [P, P, P, (3, 3, 2)], True, id="plain-then-last-cut-by-stop"),
-    pytest.param([1, 1, 1], [3], [3],
-                 [P, P, (3, 3, 1)], True, id="plain-then-last-cut-to-1"),
+    pytest.param(
+        [1, 4, 1, 3], [3, 0, 2], [3, 3, 3], [P, (3, 3, 4), (3, 0, 1), (3, 2, 3)], True, id="no-plain-unmerged"
+    ),
+    pytest.param(
+        [5, 4], [3, 0, 2], [3, 3, 3], [P, (3, 3, 4), (3, 0, 1), (3, 2, 3)], True, id="no-plain-merged-arrays-exact"
+    ),
+    pytest.param(
+        [1, 4, 1, 2], [3, 0, 2], [3, 3, 3], [P, (3, 3, 4), (3, 0, 1), (3, 2, 2)], True, id="no-plain-last-cut-by-stop"
+    ),
+    pytest.param(
+        [1, 4, 1, 1], [3, 0, 3], [3, 3, 3], [P, (3, 3, 4), (3, 0, 1), (3, 3, 1)], True, id="no-plain-last-cut-to-1"
+    ),
+    pytest.param([7], [3, 2], [3, 3], [P, (3, 3, 4), (3, 2, 2)], True, id="no-plain-merged-last-cut"),
+    pytest.param(
+        [1, 1, 4, 1, 3, 1], [3, 2], [3, 3], [P, P, (3, 3, 4), P, (3, 2, 3), P], True, id="plain-interleaved-unmerged"
+    ),
+    pytest.param(
+        [1, 1, 1, 3], [0, 2], [2, 2], [P, (2, 0, 1), P, (2, 2, 3)], True, id="plain-and-reject-ambiguous-spec-first"
+    ),
+    pytest.param([1, 1, 1, 2], [3], [3], [P, P, P, (3, 3, 2)], True, id="plain-then-last-cut-by-stop"),
+    pytest.param([1, 1, 1], [3], [3], [P, P, (3, 3, 1)], True, id="plain-then-last-cut-to-1"),
     pytest.param([1, 1, 1, 1], [], [], [P, P, P, P], True, id="all-plain"),
     # prefill+plain | spec+plain | spec merged: no one-chunk-per-step alignment
-    pytest.param([2, 5, 3], [3, 2], [3, 3],
-                 [P, (3, 3, 4), (3, 2, 3), P, P], False, id="plain-with-merged-chunks-inexact"),
-    pytest.param([1, 6, 2], [1, 3], [3, 3],
-                 [P, (3, 1, 2), (3, 3, 4), P, P], False, id="merged-two-plain-inexact"),
+    pytest.param(
+        [2, 5, 3], [3, 2], [3, 3], [P, (3, 3, 4), (3, 2, 3), P, P], False, id="plain-with-merged-chunks-inexact"
+    ),
+    pytest.param([1, 6, 2], [1, 3], [3, 3], [P, (3, 1, 2), (3, 3, 4), P, P], False, id="merged-two-plain-inexact"),
 ]
 
 

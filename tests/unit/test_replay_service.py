@@ -13,8 +13,16 @@ from engine_adapter.service.replay_service import ReplayService
 from explorer.views.live_charts import chart_csv, live_chart_frame
 from tests.support.trace_samples import write_trace
 
-CHART_COLUMNS = ["t", "k", "batch", "effective_k", "tokens_per_step", "accepted_per_step", "acceptance_rate",
-                 "total_tokens_per_s"]
+CHART_COLUMNS = [
+    "t",
+    "k",
+    "batch",
+    "effective_k",
+    "tokens_per_step",
+    "accepted_per_step",
+    "acceptance_rate",
+    "total_tokens_per_s",
+]
 
 
 async def test_replay_plays_at_speed(tmp_path):
@@ -72,10 +80,9 @@ def test_csv_export_has_the_chart_columns(tmp_path):
     time.sleep(0.05)
     df = live_chart_frame(svc)
     rows = list(csv.DictReader(io.StringIO(chart_csv(df))))
-    assert list(rows[0])[:len(CHART_COLUMNS)] == CHART_COLUMNS
+    assert list(rows[0])[: len(CHART_COLUMNS)] == CHART_COLUMNS
     assert {"pos1", "pos2", "pos3", "load"} <= set(rows[0])
     filled = [r for r in rows if r["k"]]
     assert filled and all(r["k"] == "3" for r in filled)
     assert sum(float(r["total_tokens_per_s"]) * 2 for r in filled) == pytest.approx(40 * 5)
     assert filled[-1]["load"] == "4"
-

@@ -32,8 +32,9 @@ class FakeService:
     def status(self) -> ServiceStatus:
         from engine_adapter.engine_config import EngineConfig
 
-        return ServiceStatus(self.state, None, None, EngineConfig(method="draft", k=3), "http://x", False,
-                             self.generation)
+        return ServiceStatus(
+            self.state, None, None, EngineConfig(method="draft", k=3), "http://x", False, self.generation
+        )
 
     def steps_since(self, t: float) -> list[EngineStep]:
         return [s for s in self.steps if s.t > t]
@@ -75,11 +76,18 @@ def test_recorder_follows_a_service(tmp_path):
     assert svc.on_result == []
     lines = [json.loads(x) for x in (tmp_path / "rec.jsonl").read_text().splitlines()]
     kinds = collections.Counter(x["type"] for x in lines)
-    assert kinds == {"run": 1, "engine_step": 5, "load": 2, "policy": 1, "background": 1, "request": 1,
-                     "engine": 1, "summary": 1}
+    assert kinds == {
+        "run": 1,
+        "engine_step": 5,
+        "load": 2,
+        "policy": 1,
+        "background": 1,
+        "request": 1,
+        "engine": 1,
+        "summary": 1,
+    }
     assert lines[0]["session"] and lines[0]["method"] == "draft" and lines[0]["k"] == 3
-    assert lines[-1] == {"type": "summary", "wall_s": 3.0, "num_engine_steps": 5, "num_requests": 1,
-                         "total_tokens": 9}
+    assert lines[-1] == {"type": "summary", "wall_s": 3.0, "num_engine_steps": 5, "num_requests": 1, "total_tokens": 9}
     policy = next(x for x in lines if x["type"] == "policy")
     assert policy["t"] == pytest.approx(0.3) and policy["policy"] == "k1"
     trace = read_session(tmp_path / "rec.jsonl")
@@ -104,4 +112,3 @@ def test_recorder_time_zero_is_when_the_engine_became_ready(tmp_path):
     trace = read_session(tmp_path / "rec.jsonl")
     assert rec.t0 == 10.0 and [s.t for s in trace.steps] == [pytest.approx(0.2)]
     assert trace.requests[0].t_start == pytest.approx(0.1)
-

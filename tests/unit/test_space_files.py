@@ -22,7 +22,8 @@ REQUIREMENTS = (ROOT / "requirements.txt").read_text(encoding="utf-8").splitline
 TORCH_CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
 SETUP_COMMANDS = [
     "bash scripts/setup.sh && .venv/bin/python app.py",
-    "bash scripts/setup.sh --dev && .venv/bin/ruff check && .venv/bin/ruff format --check && .venv/bin/python -m pytest",
+    "bash scripts/setup.sh --dev && .venv/bin/ruff check && .venv/bin/ruff format --check"
+    " && .venv/bin/python -m pytest",
 ]
 SPACE_EXTRAS = ("cpu", "packaged")
 
@@ -30,7 +31,7 @@ SPACE_EXTRAS = ("cpu", "packaged")
 def split_front_matter(text: str) -> tuple[dict, str]:
     m = re.match(r"---\n(.*?)\n---\n", text, re.DOTALL)
     assert m, "README.md must start with a YAML header between '---' lines"
-    return yaml.safe_load(m.group(1)), text[m.end():]
+    return yaml.safe_load(m.group(1)), text[m.end() :]
 
 
 HEADER, BODY = split_front_matter(README)
@@ -53,35 +54,59 @@ def by_name(reqs: list[str]) -> dict[str, SpecifierSet]:
     return {canonicalize_name(r.name): r.specifier for r in parsed}
 
 
-SPACE_DEPS = by_name(PYPROJECT["project"]["dependencies"]
-                     + [d for extra in SPACE_EXTRAS for d in PYPROJECT["project"]["optional-dependencies"][extra]])
+SPACE_DEPS = by_name(
+    PYPROJECT["project"]["dependencies"]
+    + [d for extra in SPACE_EXTRAS for d in PYPROJECT["project"]["optional-dependencies"][extra]]
+)
 REQUIRED = by_name(requirement_lines(REQUIREMENTS))
 
 
-@pytest.mark.parametrize("key", ["title", "emoji", "colorFrom", "colorTo", "sdk", "sdk_version", "app_file",
-                                 "python_version", "pinned", "license", "short_description"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "title",
+        "emoji",
+        "colorFrom",
+        "colorTo",
+        "sdk",
+        "sdk_version",
+        "app_file",
+        "python_version",
+        "pinned",
+        "license",
+        "short_description",
+    ],
+)
 def test_header_has_key(key):
     assert HEADER.get(key) not in (None, ""), f"README header lacks {key!r}"
 
 
-@pytest.mark.parametrize(("key", "expected"), [
-    ("sdk", "gradio"),
-    ("sdk_version", gradio.__version__),
-    ("app_file", "app.py"),
-    ("license", "apache-2.0"),
-    ("pinned", False),
-])
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("sdk", "gradio"),
+        ("sdk_version", gradio.__version__),
+        ("app_file", "app.py"),
+        ("license", "apache-2.0"),
+        ("pinned", False),
+    ],
+)
 def test_header_value(key, expected):
     assert HEADER[key] == expected
 
 
-@pytest.mark.parametrize(("check", "ok"), [
-    ("app_file exists", lambda h: (ROOT / h["app_file"]).is_file()),
-    ("python_version is a string (YAML reads 3.10 as 3.1)", lambda h: isinstance(h["python_version"], str)),
-    ("python_version satisfies requires-python",
-     lambda h: SpecifierSet(PYPROJECT["project"]["requires-python"]).contains(h["python_version"])),
-    ("short_description fits the Hub's 60 characters", lambda h: len(h["short_description"]) <= 60),
-])
+@pytest.mark.parametrize(
+    ("check", "ok"),
+    [
+        ("app_file exists", lambda h: (ROOT / h["app_file"]).is_file()),
+        ("python_version is a string (YAML reads 3.10 as 3.1)", lambda h: isinstance(h["python_version"], str)),
+        (
+            "python_version satisfies requires-python",
+            lambda h: SpecifierSet(PYPROJECT["project"]["requires-python"]).contains(h["python_version"]),
+        ),
+        ("short_description fits the Hub's 60 characters", lambda h: len(h["short_description"]) <= 60),
+    ],
+)
 def test_header_consistent(check, ok):
     assert ok(HEADER), check
 
@@ -106,5 +131,6 @@ def test_pyproject_dependency_in_requirements_with_same_specifier(name):
 
 @pytest.mark.parametrize("name", sorted(REQUIRED))
 def test_requirement_comes_from_pyproject(name):
-    assert name in SPACE_DEPS, (f"{name} is in requirements.txt but not in pyproject.toml's "
-                                f"dependencies or extras {SPACE_EXTRAS}")
+    assert name in SPACE_DEPS, (
+        f"{name} is in requirements.txt but not in pyproject.toml's dependencies or extras {SPACE_EXTRAS}"
+    )

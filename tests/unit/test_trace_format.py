@@ -38,15 +38,28 @@ def test_session_trace_round_trip(tmp_path):
     # the request: the recorder's line plus session times and token texts, rebuilt exactly
     r0, r = request(1000.5), trace.requests[0]
     line = trace.request_lines[0]
-    assert set(line) >= {"request_id", "prompt", "text", "token_ids", "kinds", "steps", "spec_decode_metrics",
-                         "tokens_per_second", "ttft_s", "wall_s", "t_start", "t_end"}
+    assert set(line) >= {
+        "request_id",
+        "prompt",
+        "text",
+        "token_ids",
+        "kinds",
+        "steps",
+        "spec_decode_metrics",
+        "tokens_per_second",
+        "ttft_s",
+        "wall_s",
+        "t_start",
+        "t_end",
+    }
     assert r.token_ids == r0.token_ids and r.kinds == r0.kinds and r.text == r0.text
     assert r.t_start == pytest.approx(0.5) and r.t_end == pytest.approx(r0.t_end - 1000)
     assert r.spec_decode_metrics == r0.spec_decode_metrics
     for a, b in zip(r.steps, r0.steps):
         assert (a.drafted, a.accepted, a.emitted, a.k) == (b.drafted, b.accepted, b.emitted, b.k)
-        assert [(t.id, t.text, t.kind, t.draft_pos) for t in a.tokens] == \
-            [(t.id, t.text, t.kind, t.draft_pos) for t in b.tokens]
+        assert [(t.id, t.text, t.kind, t.draft_pos) for t in a.tokens] == [
+            (t.id, t.text, t.kind, t.draft_pos) for t in b.tokens
+        ]
         assert [(t.id, t.text) for t in a.rejected] == [(t.id, t.text) for t in b.rejected]
         assert a.t == pytest.approx(b.t - 1000)
     assert r.tokens_per_second == pytest.approx(r0.tokens_per_second, rel=1e-3)
@@ -69,9 +82,12 @@ def test_a_recorder_trace_replays_its_requests(tmp_path):
     from engine_adapter.trace.format import request_line
 
     path = tmp_path / "rec.jsonl"
-    lines = [{"type": "run", "method": "draft", "k": 3}, request_line(request(5000.0)),
-             request_line(request(5003.0, prompt="The quick brown fox")),
-             {"type": "summary", "wall_s": 4.0, "total_tokens": 18, "tokens_per_second": 4.5}]
+    lines = [
+        {"type": "run", "method": "draft", "k": 3},
+        request_line(request(5000.0)),
+        request_line(request(5003.0, prompt="The quick brown fox")),
+        {"type": "summary", "wall_s": 4.0, "total_tokens": 18, "tokens_per_second": 4.5},
+    ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     trace = read_session(path)
     assert [r.t_start for r in trace.requests] == [0.0, pytest.approx(3.0)]
@@ -94,4 +110,3 @@ def test_shipped_traces_are_small_and_complete(name):
     if name.startswith("load_0_32"):
         assert max(n for _, n in trace.loads) == 32 and trace.loads[-1][1] == 0
         assert max(s.batch_size for s in trace.steps) >= 30
-

@@ -7,10 +7,21 @@ import pytest
 from engine_adapter.service.watchdog import Backoff, HealthJudge, WatchdogSettings, backoff_delay, describe_exit
 
 
-@pytest.mark.parametrize("attempt, base, cap, delay", [
-    (1, 2, 60, 2), (2, 2, 60, 4), (3, 2, 60, 8), (4, 2, 60, 16), (5, 2, 60, 32),
-    (6, 2, 60, 60), (7, 2, 60, 60), (500, 2, 60, 60), (1, 0.5, 3, 0.5), (4, 0.5, 3, 3),
-])
+@pytest.mark.parametrize(
+    "attempt, base, cap, delay",
+    [
+        (1, 2, 60, 2),
+        (2, 2, 60, 4),
+        (3, 2, 60, 8),
+        (4, 2, 60, 16),
+        (5, 2, 60, 32),
+        (6, 2, 60, 60),
+        (7, 2, 60, 60),
+        (500, 2, 60, 60),
+        (1, 0.5, 3, 0.5),
+        (4, 0.5, 3, 3),
+    ],
+)
 def test_backoff_schedule(attempt, base, cap, delay):
     assert backoff_delay(attempt, base, cap) == delay
 
@@ -29,14 +40,17 @@ def test_backoff_counts_up_and_resets_after_a_healthy_period():
         backoff_delay(0)
 
 
-@pytest.mark.parametrize("code, words", [
-    (128 + 9, "killed by signal 9 (SIGKILL)"),
-    (128 + 15, "killed by signal 15 (SIGTERM)"),
-    (128 + 11, "killed by signal 11 (SIGSEGV)"),
-    (-9, "killed by signal 9 (SIGKILL)"),  # the supervisor itself
-    (1, "exited with code 1"),
-    (0, "exited with code 0"),
-])
+@pytest.mark.parametrize(
+    "code, words",
+    [
+        (128 + 9, "killed by signal 9 (SIGKILL)"),
+        (128 + 15, "killed by signal 15 (SIGTERM)"),
+        (128 + 11, "killed by signal 11 (SIGSEGV)"),
+        (-9, "killed by signal 9 (SIGKILL)"),  # the supervisor itself
+        (1, "exited with code 1"),
+        (0, "exited with code 0"),
+    ],
+)
 def test_exit_status_in_words(code, words):
     assert words in describe_exit(code)
 
@@ -54,21 +68,28 @@ def _verdicts(observations, attached=False):
     return out
 
 
-@pytest.mark.parametrize("observations, kinds", [
-    ([(1, None, 200, 0, 0), (2, 137, None, 0, 0)], [None, "exited"]),
-    ([(1, None, 503, 0, 0), (2, None, 503, 0, 0)], [None, "dead"]),
-    ([(1, None, 503, 0, 0), (2, None, 200, 0, 0), (3, None, 503, 0, 0)], [None, None, None]),
-    # silent /health: a hang once 10 s passed since the last answer
-    ([(1, None, 200, 0, 0), (5, None, None, 0, 0), (10, None, None, 0, 0), (11, None, None, 0, 0)],
-     [None, None, None, "hung"]),
-    ([(5, None, None, 0, 0), (9, None, 200, 0, 0), (18, None, None, 0, 0), (19, None, None, 0, 0)],
-     [None, None, None, "hung"]),
-    # requests in flight and no engine step for 30 s: stalled; steps moving or nothing in flight: fine
-    ([(1, None, 200, 2, 5), (20, None, 200, 2, 5), (31, None, 200, 2, 5)], [None, None, "stalled"]),
-    ([(1, None, 200, 2, 5), (20, None, 200, 2, 6), (45, None, 200, 2, 7)], [None, None, None]),
-    ([(1, None, 200, 0, 5), (40, None, 200, 0, 5), (41, None, 200, 1, 5)], [None, None, None]),
-    ([(1, None, 200, 2, None), (100, None, 200, 2, None)], [None, None]),  # no tap: no stall check
-])
+@pytest.mark.parametrize(
+    "observations, kinds",
+    [
+        ([(1, None, 200, 0, 0), (2, 137, None, 0, 0)], [None, "exited"]),
+        ([(1, None, 503, 0, 0), (2, None, 503, 0, 0)], [None, "dead"]),
+        ([(1, None, 503, 0, 0), (2, None, 200, 0, 0), (3, None, 503, 0, 0)], [None, None, None]),
+        # silent /health: a hang once 10 s passed since the last answer
+        (
+            [(1, None, 200, 0, 0), (5, None, None, 0, 0), (10, None, None, 0, 0), (11, None, None, 0, 0)],
+            [None, None, None, "hung"],
+        ),
+        (
+            [(5, None, None, 0, 0), (9, None, 200, 0, 0), (18, None, None, 0, 0), (19, None, None, 0, 0)],
+            [None, None, None, "hung"],
+        ),
+        # requests in flight and no engine step for 30 s: stalled; steps moving or nothing in flight: fine
+        ([(1, None, 200, 2, 5), (20, None, 200, 2, 5), (31, None, 200, 2, 5)], [None, None, "stalled"]),
+        ([(1, None, 200, 2, 5), (20, None, 200, 2, 6), (45, None, 200, 2, 7)], [None, None, None]),
+        ([(1, None, 200, 0, 5), (40, None, 200, 0, 5), (41, None, 200, 1, 5)], [None, None, None]),
+        ([(1, None, 200, 2, None), (100, None, 200, 2, None)], [None, None]),  # no tap: no stall check
+    ],
+)
 def test_health_verdicts(observations, kinds):
     assert _verdicts(observations) == kinds
 
@@ -78,4 +99,3 @@ def test_a_busy_server_streaming_tokens_is_not_hung():
     # /health times out for 15 s, but the streams kept receiving until t=12: hung only 10 s after that
     verdicts = [judge.observe(t, returncode=None, health=None, http_t=min(t, 12.0)) for t in range(1, 23)]
     assert [v.kind if v else None for v in verdicts].index("hung") == 21
-
