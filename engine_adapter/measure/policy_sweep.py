@@ -13,6 +13,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TextIO
 
 import pandas as pd
 
@@ -22,6 +23,7 @@ from engine_adapter.engine_config import EngineConfig, validate_k_table
 from engine_adapter.measure.sweep_runs import (
     COLUMNS,
     EXTRA_COLUMNS,
+    Policy,
     Run,
     k_needed,
     parse_policy,
@@ -73,118 +75,141 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+@dataclass
+class _LivePolicies:
+    """The live-policy engine of a sweep, its controller, and the acceptance measured so far."""
+
+    engine: LiveEngine
+    controller: PolicyController
+    counts: PositionCounts
+
+
+async def _start_live(
+    settings: SweepSettings, base: dict, live_pols: list[Policy], prompts: list[str]
+) -> _LivePolicies:
+    """One engine for every live policy (num_speculative_tokens = the largest K asked), with the cost
+    model read from the cache or profiled, and acceptance for ``auto`` from one short pass at k_max."""
+    k_max = k_needed(live_pols, settings.k_max)
+    cfg = EngineConfig(
+        method=settings.method, k=min(3, k_max), k_max=k_max, idle_drafter=not settings.standing_drafter, **base
+    )
+    _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
+    engine = await LiveEngine.launch(cfg)
+    live = _LivePolicies(engine, PolicyController(engine.client, k_max, base["max_num_seqs"]), PositionCounts(k_max))
+    if not any(p.spec.kind in ("auto", "auction") for p in live_pols):
+        return live
+    ctl = live.controller
+    path = config_cache_path(cfg)
+    ctl.cost = None if settings.reprofile else load_cached(path, cfg.method == "draft")
+    if ctl.cost is None:
+        _say("== profiling the cost model")
+        ctl.cost = await profile_engine(
+            engine.client, prompts, k_max, cfg.method == "draft", progress=lambda f, m: _say(f"   {m} ({f:.0%})")
+        )
+        save_cached(path, ctl.cost)
+    _say(
+        f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
+        f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
+    )
+    # acceptance for "auto" before anything else ran: one short pass at K = k_max
+    await ctl.apply(PolicySpec("fixed", k_max))
+    live.counts.add((await run_policy(engine, prompts[:4], 4, settings.max_tokens)).steps)
+    return live
+
+
+def _write_steps(out: TextIO, run: Run, labels: dict[str, Any]) -> None:
+    """Every measured step of one run as a JSONL line (``--steps-out``), ``t`` from the run's first step."""
+    t0 = run.steps[0].t if run.steps else 0.0
+    for s in run.steps:
+        out.write(json.dumps({**labels, **engine_step_line(s, t0)}) + "\n")
+
+
+async def _measure_level(
+    settings: SweepSettings,
+    policies: list[Policy],
+    engines: dict[str, LiveEngine],
+    live: _LivePolicies | None,
+    c: int,
+    cat: str,
+    prompts: list[str],
+    steps_out: TextIO | None,
+) -> dict[str, list[Run]]:
+    """Every policy's runs at concurrency ``c`` on one prompt category, interleaved in rounds."""
+    # --window-s 0: one wave of C (more would leave a tail at a lower batch size);
+    # with few requests the prompt mix differs by level, which moves pooled acceptance
+    batch = [prompts[i % len(prompts)] for i in range(max(c, settings.min_requests))]
+    runs: dict[str, list[Run]] = {p.name: [] for p in policies}
+    for rnd in range(settings.repeats):
+        # each round starts one policy later, so none always runs first
+        for pol in policies[rnd % len(policies) :] + policies[: rnd % len(policies)]:
+            if pol.spec is None:
+                engine = engines["off"]
+            else:
+                engine = live.engine
+                await live.controller.apply(pol.spec, live.counts.alphas())
+            if settings.window_s:
+                run = await run_policy_window(engine, prompts, c, settings.max_tokens, settings.window_s)
+            else:
+                run = await run_policy(engine, batch, c, settings.max_tokens)
+            if pol.spec is not None:
+                live.counts.add(run.steps)
+            runs[pol.name].append(run)
+            if steps_out is not None:
+                _write_steps(steps_out, run, {"policy": pol.name, "concurrency": c, "category": cat, "run": rnd + 1})
+            rate = run.measured["tokens_per_s"]
+            _say(f"   c={c} {cat} {pol.name} run {rnd + 1}/{settings.repeats}: {rate:.2f} tok/s")
+    return runs
+
+
+def _frame(rows: list[dict[str, Any]], policies: list[Policy], by_category: bool) -> pd.DataFrame:
+    """The CSV's table: policies in the order asked, then by concurrency (per category)."""
+    cols = COLUMNS + (["category"] if by_category else []) + EXTRA_COLUMNS
+    order = {p.name: i for i, p in enumerate(policies)}
+    df = pd.DataFrame(rows, columns=cols)
+    keys = ["category"] if by_category else []
+    df["_p"] = df["policy"].map(order)
+    return df.sort_values(keys + ["_p", "concurrency"], kind="stable").drop(columns="_p").reset_index(drop=True)
+
+
 async def sweep(settings: SweepSettings) -> pd.DataFrame:
     table = validate_k_table(settings.table) if settings.table else None
     policies = [parse_policy(p, table) for p in settings.policies]
     by_cat = read_categories(settings.prompts) if settings.by_category else {"all": read_prompts(settings.prompts)}
     all_prompts = [p for ps in by_cat.values() for p in ps]
-    max_seqs = max(max(settings.concurrency), 16)
     base = dict(
         target=settings.target,
         draft=settings.draft,
         max_model_len=2048,
-        max_num_seqs=max_seqs,
+        max_num_seqs=max(max(settings.concurrency), 16),
         kv_cache_gib=settings.kv_cache_gib,
     )
     engines: dict[str, LiveEngine] = {}
+    live: _LivePolicies | None = None
     steps_out = settings.steps_out.open("w", encoding="utf-8") if settings.steps_out else None
+    rows = []
     try:
         if any(p.spec is None for p in policies):
             _say("== starting the speculation-off engine")
             engines["off"] = await LiveEngine.launch(EngineConfig(method="off", **base))
         live_pols = [p for p in policies if p.spec is not None]
-        ctl = counts = None
         if live_pols:
-            k_max = k_needed(live_pols, settings.k_max)
-            cfg = EngineConfig(
-                method=settings.method, k=min(3, k_max), k_max=k_max, idle_drafter=not settings.standing_drafter, **base
-            )
-            _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
-            engines["live"] = live = await LiveEngine.launch(cfg)
-            ctl = PolicyController(live.client, k_max, max_seqs)
-            counts = PositionCounts(k_max)
-            if any(p.spec.kind in ("auto", "auction") for p in live_pols):
-                path = config_cache_path(cfg)
-                ctl.cost = None if settings.reprofile else load_cached(path, cfg.method == "draft")
-                if ctl.cost is None:
-                    _say("== profiling the cost model")
-                    ctl.cost = await profile_engine(
-                        live.client,
-                        all_prompts,
-                        k_max,
-                        cfg.method == "draft",
-                        progress=lambda f, m: _say(f"   {m} ({f:.0%})"),
-                    )
-                    save_cached(path, ctl.cost)
-                _say(
-                    f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
-                    f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
-                )
-                # acceptance for "auto" before anything else ran: one short pass at K = k_max
-                await ctl.apply(PolicySpec("fixed", k_max))
-                counts.add((await run_policy(live, all_prompts[:4], 4, settings.max_tokens)).steps)
+            live = await _start_live(settings, base, live_pols, all_prompts)
+            engines["live"] = live.engine
         for e in engines.values():
             await measure(e, all_prompts[:1], 1, 8)  # warm-up, not reported
-        rows = []
         for c in settings.concurrency:
             for cat, prompts in by_cat.items():
-                # --window-s 0: one wave of C (more would leave a tail at a lower batch size);
-                # with few requests the prompt mix differs by level, which moves pooled acceptance
-                n = max(c, settings.min_requests)
-                batch = [prompts[i % len(prompts)] for i in range(n)]
-                runs: dict[str, list[Run]] = {p.name: [] for p in policies}
-                for rnd in range(settings.repeats):
-                    # each round starts one policy later, so none always runs first
-                    for pol in policies[rnd % len(policies) :] + policies[: rnd % len(policies)]:
-                        if pol.spec is None:
-                            engine = engines["off"]
-                        else:
-                            engine = engines["live"]
-                            await ctl.apply(pol.spec, counts.alphas())
-                        run = (
-                            await run_policy_window(engine, prompts, c, settings.max_tokens, settings.window_s)
-                            if settings.window_s
-                            else await run_policy(engine, batch, c, settings.max_tokens)
-                        )
-                        if pol.spec is not None:
-                            counts.add(run.steps)
-                        runs[pol.name].append(run)
-                        if steps_out is not None:
-                            t0 = run.steps[0].t if run.steps else 0.0
-                            for s in run.steps:
-                                steps_out.write(
-                                    json.dumps(
-                                        {
-                                            "policy": pol.name,
-                                            "concurrency": c,
-                                            "category": cat,
-                                            "run": rnd + 1,
-                                            **engine_step_line(s, t0),
-                                        }
-                                    )
-                                    + "\n"
-                                )
-                        _say(
-                            f"   c={c} {cat} {pol.name} run {rnd + 1}/{settings.repeats}: "
-                            f"{run.measured['tokens_per_s']:.2f} tok/s"
-                        )
+                runs = await _measure_level(settings, policies, engines, live, c, cat, prompts, steps_out)
                 for pol in policies:
                     row = {"policy": pol.name, "concurrency": c, **row_from_runs(runs[pol.name])}
                     if settings.by_category:
                         row["category"] = cat
-                    _say(
-                        f"   c={c} {cat} {pol.name}: median {row['total_tokens_per_s']:.2f} tok/s, "
-                        f"effective K {row['effective_k']}"
-                    )
+                    median, k_eff = row["total_tokens_per_s"], row["effective_k"]
+                    _say(f"   c={c} {cat} {pol.name}: median {median:.2f} tok/s, effective K {k_eff}")
                     rows.append(row)
     finally:
         for e in engines.values():
             await e.close()
         if steps_out is not None:
             steps_out.close()
-    cols = COLUMNS + (["category"] if settings.by_category else []) + EXTRA_COLUMNS
-    order = {p.name: i for i, p in enumerate(policies)}
-    df = pd.DataFrame(rows, columns=cols)
-    keys = ["category"] if settings.by_category else []
-    df["_p"] = df["policy"].map(order)
-    return df.sort_values(keys + ["_p", "concurrency"], kind="stable").drop(columns="_p").reset_index(drop=True)
+    return _frame(rows, policies, settings.by_category)

@@ -49,16 +49,14 @@ def operating_point(steps: Sequence[EngineStep]) -> tuple[float, float, float, f
     )
 
 
-def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profiling: str | None = None) -> go.Figure:
-    """Measured step time vs tokens verified: flat (memory-bound), then rising; knee and 'now' marked."""
-    title = "Step time vs tokens verified per step (measured on this machine)"
-    if cost is None or not cost.points:
-        return _empty(title, profiling or "No cost model yet: profile the engine.")
+PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880")
+
+
+def _add_cells_and_fit(fig: go.Figure, cost: CostModel) -> None:
+    """Per K: the measured cells (markers, with their sample counts) and the fitted curve."""
     pts = cost.points
-    fig = go.Figure()
-    palette = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880"]
     for i, k in enumerate(sorted({p.k for p in pts})):
-        colour = palette[i % len(palette)]
+        colour = PALETTE[i % len(PALETTE)]
         sel = [p for p in pts if p.k == k]
         fig.add_trace(
             go.Scatter(
@@ -90,57 +88,49 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
                 hoverinfo="skip",
             )
         )
+
+
+def _add_knee(fig: go.Figure, cost: CostModel) -> None:
+    """The memory-bound region up to the knee, and the knee itself."""
     knee = max(cost.knee_tokens, 1.0)
     # on a log axis a shape's x is in data units but an annotation's x is log10 of
     # them (plotly), so the labels are placed here, not by add_vline/add_vrect
+    label = dict(showarrow=False, yref="paper", xanchor="left")
     if cost.knee_tokens >= 1.5:
         fig.add_vrect(x0=1, x1=knee, fillcolor="#4c9be8", opacity=0.08, line_width=0)
         fig.add_annotation(
-            text="memory-bound: extra tokens ride along",
-            showarrow=False,
-            x=0.0,
-            y=0.98,
-            xref="x",
-            yref="paper",
-            xanchor="left",
-            yanchor="top",
+            text="memory-bound: extra tokens ride along", x=0.0, y=0.98, xref="x", yanchor="top", **label
         )
     else:
         fig.add_annotation(
-            text="no flat region measured: every extra token costs",
-            showarrow=False,
-            x=0.02,
-            y=0.98,
-            xref="paper",
-            yref="paper",
-            xanchor="left",
+            text="no flat region measured: every extra token costs", x=0.02, y=0.98, xref="paper", **label
         )
     fig.add_vline(x=knee, line=dict(color="#4c9be8", dash="dash"))
     fig.add_annotation(
-        text=f"knee ≈ {cost.knee_tokens:.0f} tokens",
-        showarrow=False,
-        x=math.log10(knee),
-        y=0.02,
-        xref="x",
-        yref="paper",
-        xanchor="left",
-        yanchor="bottom",
+        text=f"knee ≈ {cost.knee_tokens:.0f} tokens", x=math.log10(knee), y=0.02, xref="x", yanchor="bottom", **label
     )
+
+
+def _add_operating_point(fig: go.Figure, recent: Sequence[EngineStep]) -> None:
     op = operating_point(recent)
-    if op is not None:
-        b, k, n, s = op
-        fig.add_trace(
-            go.Scatter(
-                x=[max(n, 1)],
-                y=[s * 1e3],
-                mode="markers+text",
-                name="now (last 5 s)",
-                marker=dict(size=18, color="#e8554c", symbol="star"),
-                text=[f"now: {b:.0f} req, K={k:.0f}"],
-                textposition="top center",
-            )
+    if op is None:
+        return
+    b, k, n, s = op
+    fig.add_trace(
+        go.Scatter(
+            x=[max(n, 1)],
+            y=[s * 1e3],
+            mode="markers+text",
+            name="now (last 5 s)",
+            marker=dict(size=18, color="#e8554c", symbol="star"),
+            text=[f"now: {b:.0f} req, K={k:.0f}"],
+            textposition="top center",
         )
-    # its own line: the subtitle does not wrap, and one line overflowed the chart
+    )
+
+
+def _fit_subtitle(cost: CostModel) -> str:
+    # the drafter on its own line: the subtitle does not wrap, and one line overflowed the chart
     drafter = (
         f"<br>drafter {cost.draft_s * 1e3:.1f} ms + {cost.draft_s_per_req * 1e3:.2f} ms/request per position"
         if cost.draft_s or cost.draft_s_per_req
@@ -150,11 +140,23 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
         drafter += (
             f", first pass {cost.first_s * 1e3:.1f} ms + {cost.first_s_per_req * 1e3:.2f} ms/request (skipped at K=0)"
         )
+    return (
+        f"fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
+        f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}"
+    )
+
+
+def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profiling: str | None = None) -> go.Figure:
+    """Measured step time vs tokens verified: flat (memory-bound), then rising; knee and 'now' marked."""
+    title = "Step time vs tokens verified per step (measured on this machine)"
+    if cost is None or not cost.points:
+        return _empty(title, profiling or "No cost model yet: profile the engine.")
+    fig = go.Figure()
+    _add_cells_and_fit(fig, cost)
+    _add_knee(fig, cost)
+    _add_operating_point(fig, recent)
     fig.update_layout(
-        title=dict(
-            text=f"{title}<br><sup>fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
-            f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}</sup>"
-        ),
+        title=dict(text=f"{title}<br><sup>{_fit_subtitle(cost)}</sup>"),
         height=HEIGHT + 60,
         xaxis=dict(type="log", title="tokens verified per step = batch x (K+1)"),
         yaxis=dict(title="ms per step", rangemode="tozero"),
