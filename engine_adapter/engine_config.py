@@ -1,8 +1,7 @@
-"""What engine to run: method, K, K table, models, and the vLLM arguments for it.
+"""What engine to run: method, K, K table, models; vLLM's table rules in words.
 
-Contract: ``EngineConfig`` is a plain dataclass; ``server_args(config, target_dir,
-draft_dir, port)`` gives the argument list for vLLM's OpenAI server;
-``validate_k_table`` applies vLLM's own rules for
+Contract: ``EngineConfig`` is a plain dataclass (the argument list for vLLM's
+server is ``engine.server_args``); ``validate_k_table`` applies vLLM's own rules for
 ``num_speculative_tokens_per_batch_size`` and raises ``ValueError`` with a
 message a person can act on.
 """
