@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--standing-drafter",
         action="store_true",
         help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles "
-        "at K=0 and the requests it skipped get no more drafts; docs/k-policies.md, 'Idle drafter'",
+        "at K=0 and the requests it skipped get no more drafts; docs/k-policies.md, 'Idle drafter')",
     )
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)

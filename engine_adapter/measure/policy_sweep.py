@@ -85,16 +85,17 @@ class _LivePolicies:
 
 
 async def _start_live(
-    settings: SweepSettings, base: dict, live_pols: list[Policy], prompts: list[str]
+    settings: SweepSettings, base: dict, live_pols: list[Policy], prompts: list[str], engines: dict[str, LiveEngine]
 ) -> _LivePolicies:
     """One engine for every live policy (num_speculative_tokens = the largest K asked), with the cost
-    model read from the cache or profiled, and acceptance for ``auto`` from one short pass at k_max."""
+    model read from the cache or profiled, and acceptance for ``auto`` from one short pass at k_max.
+    The engine joins ``engines`` as soon as it runs, so the caller closes it whatever fails next."""
     k_max = k_needed(live_pols, settings.k_max)
     cfg = EngineConfig(
         method=settings.method, k=min(3, k_max), k_max=k_max, idle_drafter=not settings.standing_drafter, **base
     )
     _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
-    engine = await LiveEngine.launch(cfg)
+    engines["live"] = engine = await LiveEngine.launch(cfg)
     live = _LivePolicies(engine, PolicyController(engine.client, k_max, base["max_num_seqs"]), PositionCounts(k_max))
     if not any(p.spec.kind in ("auto", "auction") for p in live_pols):
         return live
@@ -193,8 +194,7 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
             engines["off"] = await LiveEngine.launch(EngineConfig(method="off", **base))
         live_pols = [p for p in policies if p.spec is not None]
         if live_pols:
-            live = await _start_live(settings, base, live_pols, all_prompts)
-            engines["live"] = live.engine
+            live = await _start_live(settings, base, live_pols, all_prompts, engines)
         for e in engines.values():
             await measure(e, all_prompts[:1], 1, 8)  # warm-up, not reported
         for c in settings.concurrency:

@@ -118,6 +118,7 @@ class LivePolicy:
                 await t
         self._tasks.clear()
         self.controller = None
+        self._preview = None
         self._profiling = None
         self._pending = None
         self._why_not = "no engine"
@@ -224,7 +225,8 @@ class LivePolicy:
         (every page's timer asks for the view each second)."""
         if ctl is None or ctl.cost is None or not alphas or (ctl.state is not None and ctl.state.auto is not None):
             return None
-        key = (id(ctl.cost), tuple(round(a, 4) for a in alphas), ctl.k_max, ctl.max_batch)
+        # the key holds the cost model itself (not its id, which a later one may reuse)
+        key = (ctl.cost, tuple(alphas), ctl.k_max, ctl.max_batch)
         if self._preview is None or self._preview[0] != key:
             self._preview = (key, derive_auto_table(ctl.cost, alphas, ctl.k_max, min(ctl.max_batch, MAX_PREVIEW_BATCH)))
         return self._preview[1]
