@@ -38,7 +38,7 @@ from engine_adapter.policy.controller import PolicySpec, PolicyState
 from engine_adapter.policy.live_state import LivePolicy, PolicyView
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import LIVE, BackgroundShare, ReplayInfo, ServiceStatus, State
-from engine_adapter.service.fair_share import SessionLoads
+from engine_adapter.service.fair_share import MAX_BACKGROUND, SESSION_IDLE_S, SessionLoads
 from engine_adapter.service.load import BackgroundLoad, LoadStats
 from engine_adapter.service.watchdog import EngineGuard
 
@@ -52,11 +52,11 @@ class EngineService:
         self,
         *,
         background_prompts: Sequence[str] = (),
-        max_background: int = 64,
+        max_background: int = MAX_BACKGROUND,
         background_max_tokens: int = 128,
         history_s: float = 600.0,
         policy_options: dict | None = None,
-        session_idle_s: float = 120.0,
+        session_idle_s: float = SESSION_IDLE_S,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)

@@ -30,10 +30,14 @@ def fair_shares(asks: Mapping[str, int], cap: int) -> dict[str, int]:
     return grants
 
 
+MAX_BACKGROUND = 64  # background requests in flight at most, all sessions together
+SESSION_IDLE_S = 120.0  # a session that has not polled for this long loses its load
+
+
 @dataclass
 class SessionLoads:
-    cap: int = 64
-    idle_s: float = 120.0
+    cap: int = MAX_BACKGROUND
+    idle_s: float = SESSION_IDLE_S
     asks: dict[str, int] = field(default_factory=dict)
     last_seen: dict[str, float] = field(default_factory=dict)
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from engine_adapter.engine.client import EngineClient
 from engine_adapter.records import RequestResult
+from engine_adapter.service.fair_share import MAX_BACKGROUND
 
 
 async def _run_one(client: EngineClient, prompt: str, max_tokens: int, temperature: float) -> RequestResult:
@@ -81,7 +82,7 @@ class BackgroundLoad:
         temperature: float = 0.0,
         max_requests: int = 10_000,
         max_seconds: float = 1800.0,
-        max_concurrency: int = 64,
+        max_concurrency: int = MAX_BACKGROUND,
         on_result: Callable[[RequestResult], None] | None = None,
     ) -> None:
         if not prompts:

@@ -38,6 +38,7 @@ from typing import Any
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import REPLAY, BackgroundShare, ReplayInfo, ServiceStatus
+from engine_adapter.service.fair_share import MAX_BACKGROUND
 from engine_adapter.service.load import LoadStats
 from engine_adapter.trace.format import SessionTrace, read_session
 
@@ -217,7 +218,7 @@ class ReplayService:
     def background_share(self, session: str) -> BackgroundShare:
         """The recorded load, as if one session had asked for it (a replay has no sessions)."""
         load = self._load_at(self.position_s())
-        return BackgroundShare(asked=0, granted=0, total=load, sessions=0, cap=max(load, 64))
+        return BackgroundShare(asked=0, granted=0, total=load, sessions=0, cap=max(load, MAX_BACKGROUND))
 
     def release_background(self, session: str) -> None:
         pass  # nothing runs in a replay
