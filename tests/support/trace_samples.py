@@ -15,6 +15,18 @@ from engine_adapter.trace.format import (
     session_request_line,
 )
 
+# the live charts' CSV columns, in order (explorer.views.live_charts)
+CHART_COLUMNS = [
+    "t",
+    "k",
+    "batch",
+    "effective_k",
+    "tokens_per_step",
+    "accepted_per_step",
+    "acceptance_rate",
+    "total_tokens_per_s",
+]
+
 
 def engine_step(seq: int, t: float, batch: int = 2) -> EngineStep:
     return EngineStep(

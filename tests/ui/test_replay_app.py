@@ -16,23 +16,12 @@ from engine_adapter.trace.format import (
     read_session,
 )
 from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
+from tests.support.trace_samples import CHART_COLUMNS
 
 ROOT = PROJECT_ROOT
 
 
 TRACES = data_path("traces")
-
-
-CHART_COLUMNS = [
-    "t",
-    "k",
-    "batch",
-    "effective_k",
-    "tokens_per_step",
-    "accepted_per_step",
-    "acceptance_rate",
-    "total_tokens_per_s",
-]
 
 
 def session_pids(sid: int) -> list[int]:

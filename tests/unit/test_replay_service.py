@@ -11,18 +11,7 @@ import pytest
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.service.replay_service import ReplayService
 from explorer.views.live_charts import chart_csv, live_chart_frame
-from tests.support.trace_samples import write_trace
-
-CHART_COLUMNS = [
-    "t",
-    "k",
-    "batch",
-    "effective_k",
-    "tokens_per_step",
-    "accepted_per_step",
-    "acceptance_rate",
-    "total_tokens_per_s",
-]
+from tests.support.trace_samples import CHART_COLUMNS, write_trace
 
 
 async def test_replay_plays_at_speed(tmp_path):
