@@ -168,3 +168,16 @@ class EngineStep:
     auction_slots: int | None = None
     bids: tuple[SlotBid, ...] = ()
     auction_ceiling: int | None = None  # positions the drafter was told to propose next
+
+
+# The first columns of a sweep CSV (python -m engine_adapter.sweep), which the explorer's
+# Sweep panel reads: the CSV is a record format that crosses into the explorer too.
+SWEEP_COLUMNS: tuple[str, ...] = (
+    "policy",
+    "concurrency",
+    "total_tokens_per_s",
+    "per_request_tokens_per_s",
+    "mean_accepted_per_step",
+    "effective_k",
+    "draft_acceptance_rate",
+)

@@ -24,18 +24,10 @@ from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.engine_config import KTable
 from engine_adapter.measure.throughput import measure_results
 from engine_adapter.policy.controller import PolicySpec
-from engine_adapter.records import EngineStep, RequestResult
+from engine_adapter.records import SWEEP_COLUMNS, EngineStep, RequestResult
 from engine_adapter.service.load import BackgroundLoad
 
-COLUMNS = [
-    "policy",
-    "concurrency",
-    "total_tokens_per_s",
-    "per_request_tokens_per_s",
-    "mean_accepted_per_step",
-    "effective_k",
-    "draft_acceptance_rate",
-]
+COLUMNS = list(SWEEP_COLUMNS)
 
 
 EXTRA_COLUMNS = [

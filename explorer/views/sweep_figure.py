@@ -23,15 +23,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-REQUIRED = (
-    "policy",
-    "concurrency",
-    "total_tokens_per_s",
-    "per_request_tokens_per_s",
-    "mean_accepted_per_step",
-    "effective_k",
-    "draft_acceptance_rate",
-)
+from engine_adapter.records import SWEEP_COLUMNS
+
+REQUIRED = SWEEP_COLUMNS
 
 
 @dataclass(frozen=True)
