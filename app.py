@@ -38,6 +38,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "num_speculative_tokens = K-MAX and a K table; 0 = a plain fixed-K engine",
     )
     p.add_argument(
+        "--policy",
+        choices=("auto", "auction", "fixed"),
+        default=None,
+        help="the K policy in force at start (default: auto, or the --k-table if one is given); "
+        "'fixed' = K=--k for every batch size. Switchable live in the 'K under load' panel",
+    )
+    p.add_argument(
+        "--reserved-cpus",
+        type=int,
+        default=None,
+        help="cores vLLM keeps free of its worker (VLLM_CPU_NUM_OF_RESERVED_CPU; default: vLLM's, 1)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="let vLLM compile the model (torch.compile; slower start) instead of eager mode",
+    )
+    p.add_argument(
         "--standing-drafter",
         action="store_true",
         help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles "
@@ -72,6 +90,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def start_policy(args: argparse.Namespace) -> str:
+    """LivePolicy's default_policy: "auto" unless a fixed K or a K table was asked for."""
+    if args.policy == "fixed" or (args.policy is None and args.k_table):
+        return "config"
+    return args.policy or "auto"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
@@ -86,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
             max_model_len=args.max_model_len,
             kv_cache_gib=args.kv_cache_gib,
             idle_drafter=not args.standing_drafter,
+            reserved_cpus=args.reserved_cpus,
+            enforce_eager=not args.compile,
         )
         if args.k_max > 0 and args.method != "off":
             config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))
@@ -104,7 +131,9 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: cannot replay {args.replay}: {e}")
         config = service.status().config or config
     else:
-        service = EngineService(background_prompts=[p.prompt for p in presets])
+        service = EngineService(
+            background_prompts=[p.prompt for p in presets], policy_options={"default_policy": start_policy(args)}
+        )
         if args.attach:
             service.attach(args.attach, args.tokenizer, args.k)
         else:

@@ -15,11 +15,26 @@ rates in tokens per second.
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 TokenKind = Literal["prefill", "accepted", "recovered", "bonus", "plain"]
 TOKEN_KINDS: tuple[TokenKind, ...] = ("prefill", "accepted", "recovered", "bonus", "plain")
+
+# The profiler's own requests (policy/profiler.py) carry ids with this prefix, so the tap can
+# count them in every step (``EngineStep.profiling_requests``). Our ids contain no "-".
+PROFILE_REQUEST_PREFIX = "profile"
+
+
+def profile_request_id(tag: str) -> str:
+    """A profiling request's id: the prefix, a tag (letters and digits) and 8 random hex digits."""
+    return f"{PROFILE_REQUEST_PREFIX}{tag}x{uuid.uuid4().hex[:8]}"
+
+
+def is_profile_request(request_id: str) -> bool:
+    return request_id.startswith(PROFILE_REQUEST_PREFIX)
+
 
 # Where provenance came from: the scheduler tap knows every draft id; an
 # attached server without the tap only reports per-step counts.
@@ -168,6 +183,9 @@ class EngineStep:
     auction_slots: int | None = None
     bids: tuple[SlotBid, ...] = ()
     auction_ceiling: int | None = None  # positions the drafter was told to propose next
+    # requests of the profiler's own in this step (``is_profile_request``): a step that has any
+    # must have nothing else (a profiling cell never runs a visitor's request)
+    profiling_requests: int = 0
 
 
 # The first columns of a sweep CSV (python -m engine_adapter.sweep), which the explorer's

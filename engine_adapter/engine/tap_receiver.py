@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from engine_adapter.acceptance import position_counts
-from engine_adapter.records import EngineStep, SlotBid
+from engine_adapter.records import EngineStep, SlotBid, is_profile_request
 from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep, decode_step
 
 
@@ -65,6 +65,7 @@ def summarize(step: TapStep) -> EngineStep:
             SlotBid(our_request_id(rid), tuple(scores), admitted)
             for rid, scores, admitted in (step.auction[1] if step.auction else ())
         ),
+        profiling_requests=sum(1 for r in step.reqs if is_profile_request(our_request_id(r.engine_request_id))),
     )
 
 

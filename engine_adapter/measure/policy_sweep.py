@@ -105,7 +105,11 @@ async def _start_live(
     if ctl.cost is None:
         _say("== profiling the cost model")
         ctl.cost = await profile_engine(
-            engine.client, prompts, k_max, cfg.method == "draft", progress=lambda f, m: _say(f"   {m} ({f:.0%})")
+            engine.client,
+            prompts,
+            k_max,
+            cfg.method == "draft",
+            progress=lambda p: _say(f"   {p.message} ({p.fraction:.0%})"),
         )
         save_cached(path, ctl.cost)
     _say(

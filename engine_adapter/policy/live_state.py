@@ -1,14 +1,19 @@
 """The engine service's live K-policy state: cost model, live policy, auto re-derivation.
 
 Contract: an ``EngineService`` owns one ``LivePolicy`` and calls, on its own
-event loop, ``engine_ready(engine, config)`` after every (re)start and
-``engine_gone()`` before every stop. Callers (through the service) use
-``apply(spec)``, ``profile()`` and ``view()``:
+event loop, ``await engine_ready(engine, config, on_progress)`` after every
+(re)start and ``engine_gone()`` before every stop. Callers (through the
+service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
 
 - at ``engine_ready`` the cost model comes from the on-disk cache for this
-  (models, method, machine), or is profiled in the background right away
-  (``profiling`` shows the progress); a policy chosen meanwhile is applied
-  when profiling ends, since profiling switches K itself;
+  (models, method, machine), or is measured right away: ``engine_ready``
+  returns only when it is done, so the service says ready (and takes visitors'
+  requests) only after it; ``view()`` shows the progress and the cells
+  measured so far meanwhile. Then the start policy is applied: ``default_policy``
+  ("auto" or "auction"; "config" = the config's fixed K or K table);
+- ``measure`` profiles again on demand (the caller keeps visitors out while it
+  runs) and puts the policy in force back afterwards; a policy chosen meanwhile
+  is applied when it ends, since profiling switches K itself;
 - under ``auto`` the table is re-derived every ``rederive_s`` seconds from the
   per-position acceptance of the last ``window_s`` seconds of engine steps;
 - ``changes`` records every policy applied: (monotonic t, spec dict).
@@ -29,12 +34,20 @@ from dataclasses import dataclass
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicyController, PolicySpec, PolicyState
-from engine_adapter.policy.cost_model import CostModel
+from engine_adapter.policy.cost_model import CostModel, fit_cost_model
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
-from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
+from engine_adapter.policy.profiler import (
+    ProfileProgress,
+    config_cache_path,
+    estimate_profile_s,
+    load_cached,
+    profile_engine,
+    save_cached,
+)
 from engine_adapter.records import EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
+START_POLICIES = ("config", "auto", "auction")
 
 
 @dataclass(frozen=True)
@@ -44,8 +57,8 @@ class PolicyView:
     available: bool
     why_not: str | None
     state: PolicyState | None
-    cost: CostModel | None
-    cost_source: str | None  # "cache" | "profiled" | None
+    cost: CostModel | None  # while profiling: the cells measured so far, fitted
+    cost_source: str | None  # "cache" | "profiled" | "measuring" | None
     profiling: str | None  # progress text while profiling
     error: str | None
     applied_seq: int | None  # first engine step that ran under the policy (tap acknowledgement)
@@ -54,6 +67,8 @@ class PolicyView:
     # what "auto" would choose from the same measurements while another policy is in force
     # (None under auto: ``state.auto`` is the table in force)
     auto_preview: AutoTable | None = None
+    # seconds a new profile would keep visitors waiting (from the cost model; None: unknown)
+    profile_estimate_s: float | None = None
 
 
 class LivePolicy:
@@ -65,7 +80,11 @@ class LivePolicy:
         window_s: float = 60.0,
         rederive_s: float = 5.0,
         profile_kwargs: dict | None = None,
+        default_policy: str = "config",
     ) -> None:
+        if default_policy not in START_POLICIES:
+            raise ValueError(f"default_policy must be one of {', '.join(START_POLICIES)}; got {default_policy!r}")
+        self.default_policy = default_policy
         self._steps_since = steps_since
         self._prompts = list(prompts) or ["Write a short story about a robot."]
         self.window_s = window_s
@@ -77,13 +96,17 @@ class LivePolicy:
         self._why_not: str | None = "no engine"
         self._cost_source: str | None = None
         self._profiling: str | None = None
+        self._measured: CostModel | None = None  # the cells measured so far, while profiling
         self._error: str | None = None
         self._pending: PolicySpec | None = None
         self._tasks: list[asyncio.Task] = []
         self._preview: tuple[tuple, AutoTable] | None = None  # (inputs, table) of the last preview
 
     # --- lifecycle (service loop) ------------------------------------------
-    async def engine_ready(self, engine, config: EngineConfig | None) -> None:
+    async def engine_ready(
+        self, engine, config: EngineConfig | None, on_progress: Callable[[ProfileProgress], None] | None = None
+    ) -> None:
+        """Set up for a started engine; with no cached cost model, measure it first (awaited)."""
         self._config = config
         self._error = None
         client = engine.client
@@ -99,7 +122,7 @@ class LivePolicy:
         ctl = PolicyController(client, config.k_max, config.max_num_seqs)
         self.controller = ctl
         # the engine starts in table mode: a fixed K (or the configured table) is in force
-        spec = PolicySpec("table", config.k, config.k_table) if config.k_table else PolicySpec("fixed", config.k)
+        spec = self._config_spec(config)
         ctl.state = PolicyState(
             spec, config.k_table or [(1, config.max_num_seqs, config.k)], client.controls_sent, time.monotonic()
         )
@@ -107,8 +130,14 @@ class LivePolicy:
         ctl.cost = load_cached(config_cache_path(config), config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
         if ctl.cost is None:
-            self._start_profile(spec)
+            await self._measure(on_progress)
+        start = spec if self.default_policy == "config" else PolicySpec(self.default_policy, config.k)
+        await self._apply_after_profile(self._pending or start, fallback=spec)
         self._tasks.append(asyncio.create_task(self._auto_loop()))
+
+    @staticmethod
+    def _config_spec(config: EngineConfig) -> PolicySpec:
+        return PolicySpec("table", config.k, config.k_table) if config.k_table else PolicySpec("fixed", config.k)
 
     async def engine_gone(self) -> None:
         for t in self._tasks:
@@ -120,6 +149,7 @@ class LivePolicy:
         self.controller = None
         self._preview = None
         self._profiling = None
+        self._measured = None
         self._pending = None
         self._why_not = "no engine"
 
@@ -143,31 +173,36 @@ class LivePolicy:
         self.changes.append((state.t, spec.to_dict()))
         return state
 
-    async def profile(self) -> None:
-        """Profile again on demand (the current policy is restored afterwards)."""
+    def check_can_measure(self) -> None:
         if self.controller is None:
             raise RuntimeError(f"cannot profile: {self._why_not}")
         if self._profiling is not None:
-            return
-        spec = self.controller.state.spec if self.controller.state else PolicySpec("fixed", 3)
-        self._start_profile(spec)
+            raise RuntimeError("the cost model is being measured already")
 
-    def _start_profile(self, restore: PolicySpec) -> None:
-        # said before the task runs: the engine must never look ready-and-idle while
-        # profiling is about to switch K under everyone's requests
-        self._profiling = "profiling step time: starting"
-        self._tasks.append(asyncio.create_task(self._profile(restore=restore)))
+    async def measure(self, on_progress: Callable[[ProfileProgress], None] | None = None) -> None:
+        """Profile again (the caller keeps visitors' requests out); the policy in force is restored."""
+        self.check_can_measure()
+        ctl = self.controller
+        restore = ctl.state.spec if ctl.state else self._config_spec(self._config)
+        await self._measure(on_progress)
+        await self._apply_after_profile(self._pending or restore, fallback=self._config_spec(self._config))
 
-    async def _profile(self, restore: PolicySpec) -> None:
+    async def _measure(self, on_progress: Callable[[ProfileProgress], None] | None) -> None:
+        """Run the profile; the cost model (and the cache) on success, ``view().error`` on failure."""
         ctl, cfg = self.controller, self._config
+        self._profiling = "starting"
+
+        def progress(p: ProfileProgress) -> None:
+            left = f", about {p.left_s:.0f} s left" if p.left_s else ""
+            self._profiling = f"{p.message} ({p.fraction:.0%}{left})"
+            if len(p.points) >= 2:
+                self._measured = fit_cost_model(p.points, drafter_runs_model=cfg.method == "draft")
+            if on_progress is not None:
+                on_progress(p)
+
         try:
             cost = await profile_engine(
-                ctl.client,
-                self._prompts,
-                ctl.k_max,
-                cfg.method == "draft",
-                progress=lambda f, msg: setattr(self, "_profiling", f"{msg} ({f:.0%})"),
-                **self.profile_kwargs,
+                ctl.client, self._prompts, ctl.k_max, cfg.method == "draft", progress=progress, **self.profile_kwargs
             )
             ctl.cost = cost
             self._cost_source = "profiled"
@@ -178,10 +213,13 @@ class LivePolicy:
             self._error = f"profiling failed: {e}"
         finally:
             self._profiling = None
-        spec = self._pending or restore
+            self._measured = None
+
+    async def _apply_after_profile(self, spec: PolicySpec, fallback: PolicySpec) -> None:
         self._pending = None
+        ctl = self.controller
         if spec.kind in ("auto", "auction") and ctl.cost is None:
-            spec = restore if restore.kind not in ("auto", "auction") else PolicySpec("fixed", cfg.k)
+            spec = fallback  # no cost model (profiling failed): the config's own K
         state = await ctl.apply(spec, self.alphas())
         self.changes.append((state.t, spec.to_dict()))
 
@@ -206,18 +244,21 @@ class LivePolicy:
                     applied = s.seq
                     break
         alphas = self.alphas() if ctl else []
+        measuring = self._profiling is not None and self._measured is not None
+        cost = self._measured if measuring else (ctl.cost if ctl else None)
         return PolicyView(
             available=ctl is not None,
             why_not=self._why_not,
             state=state,
-            cost=ctl.cost if ctl else None,
-            cost_source=self._cost_source,
+            cost=cost,
+            cost_source="measuring" if measuring else self._cost_source,
             profiling=self._profiling,
             error=self._error,
             applied_seq=applied,
             k_max=ctl.k_max if ctl else 0,
             alphas=alphas,
-            auto_preview=self._auto_preview(ctl, alphas),
+            auto_preview=self._auto_preview(ctl, alphas) if self._profiling is None else None,
+            profile_estimate_s=estimate_profile_s(ctl.cost, ctl.k_max) if ctl and ctl.cost else None,
         )
 
     def _auto_preview(self, ctl: PolicyController | None, alphas: list[float]) -> AutoTable | None:

@@ -1,12 +1,21 @@
 """Profile a live engine's step time into a cost model (``cost_model.CostModel``).
 
 Contract: ``await profile_engine(client, prompts, k_max, drafter_runs_model)``
-drives the running engine through a grid of (batch size, K): for each K it
-switches the engine live (``client.set_k``), runs ``b`` concurrent requests
-and keeps the tap's pure-decode steps of exactly ``b`` requests under that K;
-the median seconds per step of each cell become a ``CostPoint`` and the cells
-are fitted. The engine's previous policy is NOT restored: the caller applies
-the policy it wants afterwards.
+drives the running engine through a grid of (batch size, K), ``profile_cells``:
+for each batch size ``b`` it starts ``b`` long requests of its own (ids from
+``records.profile_request_id``, so the tap counts them in
+``EngineStep.profiling_requests``) and, while they run, switches K live
+(``client.set_k``) from K_max down to 0, keeping ``steps_per_cell`` pure-decode
+steps of exactly ``b`` requests under each K (after the engine acknowledged the
+switch and ``SETTLE_STEPS`` more). K=0 comes last for each batch size: an idle
+drafter drops the requests that lived through a K=0 step. The cells' median
+seconds per step become ``CostPoint``s and are fitted. The engine's previous
+policy is NOT restored: the caller applies the policy it wants afterwards.
+
+The caller keeps everyone else's requests out while it runs (the engine service
+profiles before it says ready): a step of a profiling cell must hold profiling
+requests only, or its time is charged to the wrong cell and a visitor's request
+runs under the K being measured.
 
 Seconds per step are the tap's ``interval_s`` (end of one step to the end of
 the next): under continuous load that is the engine's step period, including
@@ -24,18 +33,45 @@ import hashlib
 import json
 import os
 import platform
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine_adapter.engine.models import default_cache_dir
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
-from engine_adapter.records import EngineStep
+from engine_adapter.records import EngineStep, profile_request_id
 
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
+STEPS_PER_CELL = 10  # the medians' samples: 10 pure steps in a row under one K
+SETTLE_STEPS = 2  # steps skipped after a switch (proposals of the old K, a request's first decode)
+PROFILE_VERSION = 2  # in the cache key: cells measured the old way are measured again
 
 
 def default_ks(k_max: int) -> list[int]:
-    return sorted({0, 1, min(3, k_max), k_max})
+    """The Ks profiled, highest first (K=0 last: see the module docstring)."""
+    return sorted({0, 1, min(3, k_max), k_max}, reverse=True)
+
+
+def profile_cells(batch_sizes: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]:
+    """(batch size, K) in the order measured: batch sizes ascending, K descending within each."""
+    return [(b, k) for b in sorted(set(batch_sizes)) for k in sorted(set(ks), reverse=True)]
+
+
+def cell_weight(batch_size: int, k: int) -> float:
+    """Relative time a cell takes (a step's tokens past the first cost about 1/16 of it on a CPU);
+    the progress fraction and the time left are weighted by it."""
+    return 1.0 + batch_size * (k + 1) / 16.0
+
+
+@dataclass(frozen=True)
+class ProfileProgress:
+    """What the profile has done so far, for the page (``fraction`` 0..1, ``left_s`` estimated)."""
+
+    fraction: float
+    message: str
+    left_s: float | None
+    points: tuple[CostPoint, ...]  # the cells measured so far
 
 
 def cache_path(key: dict) -> Path:
@@ -55,8 +91,10 @@ def config_cache_path(config) -> Path:
             "dtype": config.dtype,
             "k_max": config.k_max,
             "reserved_cpus": config.reserved_cpus,
+            "enforce_eager": config.enforce_eager,
             "vllm": "0.32.0",
             "idle_drafter": config.drafter_idles,
+            "profile": PROFILE_VERSION,
         }
     )
 
@@ -87,6 +125,28 @@ def save_cached(path: Path, model: CostModel) -> None:
     tmp.replace(path)
 
 
+def estimate_profile_s(
+    cost: CostModel,
+    k_max: int,
+    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
+    steps_per_cell: int = STEPS_PER_CELL,
+) -> float:
+    """Seconds a profile of this grid takes by ``cost``'s own step times (the settling steps and
+    each batch's prefill, about 3 steps, included): what re-measuring keeps visitors waiting."""
+    steps = sum(
+        (steps_per_cell + SETTLE_STEPS + 1) * cost.step_s(b, k)
+        for b, k in profile_cells(batch_sizes, default_ks(k_max))
+    )
+    prefill = sum(3 * cost.step_s(b, k_max) for b in set(batch_sizes))
+    return steps + prefill
+
+
+def cell_max_tokens(ks: Sequence[int], steps_per_cell: int) -> int:
+    """Tokens a profiling request may emit: enough for every cell of its batch size even if
+    every draft is kept (K+1 per step), with room for the settling steps and stragglers."""
+    return 32 + sum((steps_per_cell + SETTLE_STEPS + 4) * (k + 1) for k in ks)
+
+
 async def profile_engine(
     client,  # engine_adapter.engine.client.EngineClient with live policies
     prompts: Sequence[str],
@@ -95,50 +155,115 @@ async def profile_engine(
     *,
     batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
     ks: Sequence[int] | None = None,
-    steps_per_cell: int = 8,
-    progress: Callable[[float, str], None] | None = None,
-    cell_timeout_s: float = 120.0,
+    steps_per_cell: int = STEPS_PER_CELL,
+    progress: Callable[[ProfileProgress], None] | None = None,
+    cell_timeout_s: float = 60.0,
 ) -> CostModel:
     if client.tap is None or not client.live_policies:
         raise RuntimeError("profiling needs the scheduler tap and live K policies (EngineConfig.k_max)")
-    ks = list(ks if ks is not None else default_ks(k_max))
-    cells = [(k, b) for k in ks for b in batch_sizes]
+    ks = sorted(set(ks if ks is not None else default_ks(k_max)), reverse=True)
+    cells = profile_cells(batch_sizes, ks)
+    meter = _Meter(cells, progress)
     observed: list[tuple[int, int, int, float]] = []
     q = client.tap.watch()
     try:
-        for n, (k, b) in enumerate(cells):
-            if progress:
-                progress(n / len(cells), f"profiling step time: {b} requests x K={k}")
-            await client.set_k(k)
-            sent = client.controls_sent
-            # long enough for steps_per_cell full-batch steps even if every draft is kept
-            max_tokens = (steps_per_cell + 3) * (k + 1)
-            while not q.empty():
-                q.get_nowait()
-            tasks = [asyncio.create_task(_drain(client, prompts[i % len(prompts)], max_tokens)) for i in range(b)]
+        for b in sorted(set(batch_sizes)):
+            await client.set_k(ks[0])  # before the requests start: they draft from their first decode
+            tasks = [
+                asyncio.create_task(
+                    _drain(client, prompts[i % len(prompts)], cell_max_tokens(ks, steps_per_cell), b, i)
+                )
+                for i in range(b)
+            ]
             try:
-                await asyncio.wait_for(asyncio.gather(*tasks), cell_timeout_s)
-            except TimeoutError:
-                pass  # whatever steps arrived still count
+                for k in ks:
+                    meter.cell_starts(b, k, observed)
+                    await client.set_k(k)
+                    observed += await _collect(q, b, k, client.controls_sent, steps_per_cell, cell_timeout_s, tasks)
+                    meter.cell_done(b, k)
             finally:
                 for t in tasks:
                     t.cancel()
-            await asyncio.sleep(0.05)  # the tap's last messages
-            while not q.empty():
-                s: EngineStep = q.get_nowait()
-                if s.controls >= sent and s.k == k:
-                    observed.append((s.batch_size, s.k, s.num_tokens, s.interval_s))
+                await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         client.tap.unwatch(q)
-    if progress:
-        progress(1.0, "fitting the cost model")
-    points = points_from_steps(observed, min_samples=3)
-    return fit_cost_model(points, drafter_runs_model=drafter_runs_model)
+    meter.report("fitting the cost model", observed, done=True)
+    return fit_cost_model(points_from_steps(observed, min_samples=3), drafter_runs_model=drafter_runs_model)
 
 
-async def _drain(client, prompt: str, max_tokens: int) -> None:
+async def _collect(
+    q: asyncio.Queue[EngineStep],
+    b: int,
+    k: int,
+    sent: int,
+    n: int,
+    timeout_s: float,
+    requests: Sequence[asyncio.Task],
+) -> list[tuple[int, int, int, float]]:
+    """``n`` pure-decode steps of exactly ``b`` requests under K=k, after the switch settled.
+    Raises the profiling requests' error if they all ended (a dead engine): no waiting it out."""
+    out: list[tuple[int, int, int, float]] = []
+    settle = SETTLE_STEPS
+    deadline = time.monotonic() + timeout_s
+    while len(out) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break  # whatever steps arrived still count
+        if q.empty() and all(t.done() for t in requests):
+            for t in requests:
+                if not t.cancelled() and t.exception() is not None:
+                    raise RuntimeError(f"a profiling request failed: {t.exception()}")
+            break  # they ended (max_tokens): the next cell starts new ones
+        try:
+            s = await asyncio.wait_for(q.get(), min(left, 1.0))
+        except TimeoutError:
+            continue
+        if s.controls < sent or s.k != k or s.batch_size != b or s.num_tokens > b * (k + 1):
+            continue
+        if settle > 0:
+            settle -= 1
+            continue
+        out.append((s.batch_size, s.k, s.num_tokens, s.interval_s))
+    return out
+
+
+class _Meter:
+    """Progress over the cells, weighted by ``cell_weight``; time left from the pace so far."""
+
+    def __init__(self, cells: list[tuple[int, int]], progress: Callable[[ProfileProgress], None] | None) -> None:
+        self._progress = progress
+        self._total = sum(cell_weight(b, k) for b, k in cells)
+        self._done = 0.0
+        self._cells = len(cells)
+        self._n = 0
+        self._t0 = time.monotonic()
+
+    def cell_starts(self, b: int, k: int, observed: list) -> None:
+        self.report(f"{b} request{'s' if b > 1 else ''} x K={k} (cell {self._n + 1} of {self._cells})", observed)
+
+    def cell_done(self, b: int, k: int) -> None:
+        self._done += cell_weight(b, k)
+        self._n += 1
+
+    def report(self, message: str, observed: list, done: bool = False) -> None:
+        if self._progress is None:
+            return
+        frac = 1.0 if done else self._done / self._total
+        elapsed = time.monotonic() - self._t0
+        left = elapsed * (1 - frac) / frac if 0 < frac < 1 else (0.0 if done else None)
+        points = tuple(points_from_steps(observed, min_samples=3))
+        self._progress(ProfileProgress(frac, message, left, points))
+
+
+async def _drain(client, prompt: str, max_tokens: int, b: int, i: int) -> None:
     async with contextlib.aclosing(
-        client.generate(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        client.generate(
+            prompt,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            ignore_eos=True,
+            request_id=profile_request_id(f"b{b}r{i}"),
+        )
     ) as items:
         async for _ in items:  # closed at once if the profile is cancelled
             pass

@@ -36,6 +36,7 @@ from engine_adapter.engine.prometheus import PromSnapshot, fetch_snapshot
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicySpec, PolicyState
 from engine_adapter.policy.live_state import LivePolicy, PolicyView
+from engine_adapter.policy.profiler import ProfileProgress
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import LIVE, BackgroundShare, ReplayInfo, ServiceStatus, State
 from engine_adapter.service.fair_share import MAX_BACKGROUND, SESSION_IDLE_S, SessionLoads
@@ -83,6 +84,7 @@ class EngineService:
         # a speculation-off engine on the same target, started on first use
         self._reference: LiveEngine | None = None
         self._reference_lock = asyncio.Lock()
+        self._foreground = 0  # visitors' requests in flight (counted on the service loop)
         self._prom_task: asyncio.Task | None = None
         self._janitor_task: asyncio.Task | None = None
         # live K policies and the measured cost model (engines started with k_max)
@@ -164,7 +166,8 @@ class EngineService:
             if engine.client.tap is not None:
                 self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
             self._tasks.append(self.guard.watch(engine, gen))
-            await self.live_policy.engine_ready(engine, None if attach is not None else config)
+            # with no cached cost model this measures it first: visitors' requests wait for "ready"
+            await self.live_policy.engine_ready(engine, None if attach is not None else config, self._measure_progress)
             self._set(
                 state="ready",
                 url=engine.url,
@@ -250,8 +253,45 @@ class EngineService:
         """Apply a K policy to the running engine, live (None: queued behind profiling)."""
         return await self._call(self.live_policy.apply(spec))
 
+    def _measure_progress(self, p: ProfileProgress) -> None:
+        left = f", about {p.left_s:.0f} s left" if p.left_s else ""
+        self._set(progress=StartProgress("measure", p.fraction, f"measuring this machine: {p.message}{left}"))
+
     async def profile_cost(self) -> None:
-        await self._call(self.live_policy.profile())
+        """Measure the cost model again: visitors' requests wait (the state is "starting") from
+        now until it ends; returns once it has begun (``status()`` shows the progress)."""
+        await self._call(self._begin_measure())
+
+    async def _begin_measure(self) -> None:
+        self.live_policy.check_can_measure()
+        if self._status.state != "ready":
+            raise RuntimeError(f"the engine is not ready ({self._status.state})")
+        self._set(state="starting", progress=StartProgress("measure", 0.0, "measuring this machine: starting"))
+        self._tasks.append(asyncio.create_task(self._remeasure()))
+
+    async def _remeasure(self) -> None:
+        async with self._lock:  # no restart meanwhile
+            if self._bg is not None:  # the load resumes afterwards: the sessions' asks are kept
+                await self._bg.stop()
+                self._bg = None
+            await self._foreground_done()
+            try:
+                await self.live_policy.measure(self._measure_progress)
+            finally:
+                if self._status.state == "starting":
+                    self._set(state="ready", progress=StartProgress("ready", 1.0, "engine ready"))
+            await self._apply_bg()
+
+    async def _foreground_done(self, timeout_s: float = 300.0) -> None:
+        """Wait for the visitors' requests in flight to end (each is bounded by its max_tokens)."""
+        deadline = time.monotonic() + timeout_s
+        while self._foreground and time.monotonic() < deadline:
+            self._set(
+                progress=StartProgress(
+                    "measure", 0.0, f"measuring this machine: waiting for {self._foreground} request(s) to finish"
+                )
+            )
+            await asyncio.sleep(0.2)
 
     def policy_view(self) -> PolicyView:
         return self.live_policy.view()
@@ -290,6 +330,7 @@ class EngineService:
         done = object()
 
         async def produce() -> None:
+            self._foreground += 1
             try:
                 # aclosing: Stop (a cancel) closes the stream at once and vLLM aborts the request
                 async with contextlib.aclosing(
@@ -302,6 +343,7 @@ class EngineService:
             except Exception as e:
                 caller.call_soon_threadsafe(out.put_nowait, e)
             finally:
+                self._foreground -= 1
                 caller.call_soon_threadsafe(out.put_nowait, done)
 
         fut = self._submit(produce())
@@ -333,8 +375,8 @@ class EngineService:
     async def _apply_bg(self) -> int:
         """Run the sessions' granted total as real requests; mark the change on the charts."""
         total = self._sessions.total()
-        if self._engine is None or not self._bg_prompts:
-            return total
+        if self._engine is None or not self._bg_prompts or self._status.state != "ready":
+            return total  # asked for now, run once the engine is ready
         bg = self._ensure_bg()
         before = bg.target
         n = bg.set_concurrency(total)

@@ -67,8 +67,6 @@ class LoadPanel:
         page.unload(self.leave)  # a closed tab or a reload ends the session: its background load stops
 
     async def set_load(self, n: float, request: gr.Request) -> str:
-        if self.backend.status().state != "ready":
-            return "The engine is not ready; the load starts once it is."
         top = self.max_background
         try:
             n = float(n)
@@ -78,6 +76,8 @@ class LoadPanel:
             note = f"✕ {n:g} is not a whole number between 0 and {top}: nothing changed. "
             return note + load_readout_markdown(self.backend, request.session_hash)
         await self.backend.set_background(int(n), session=request.session_hash)
+        if self.backend.status().state != "ready":
+            return f"The engine is not ready: your {int(n)} background requests start once it is."
         return load_readout_markdown(self.backend, request.session_hash)
 
     def refresh(self, times: list[tuple[float, int]], request: gr.Request) -> dict[Component, str | go.Figure]:

@@ -98,7 +98,7 @@ class PolicyPanel:
                     self.checked = gr.Markdown(table_check(DEFAULT_TABLE, k_max), elem_id="table-check")
                     with gr.Row():
                         self.apply_btn = gr.Button("Apply policy", variant="primary", elem_id="apply-policy")
-                        self.profile_btn = gr.Button("Profile the cost model again", elem_id="profile")
+                        self.profile_btn = gr.Button("Measure the cost model again (visitors wait)", elem_id="profile")
                     self.said = gr.Markdown("", elem_id="policy-said")  # the answer to this page's last click
                     self.status = gr.Markdown(
                         policy_status_markdown(self.backend.policy_view()), elem_id="policy-status"
@@ -163,7 +163,9 @@ class PolicyPanel:
             await self.backend.profile_cost()
         except RuntimeError as e:
             return f"✕ {e}"
-        return "✓ Profiling started (the line below shows its progress)."
+        return (
+            "✓ Measuring again: visitors' requests wait until it ends (the status line at the top shows its progress)."
+        )
 
     def controls_in_force(self) -> dict[Component, Any]:
         """The policy the engine runs, in this page's controls (the policy is engine-wide: another

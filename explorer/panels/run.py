@@ -115,7 +115,10 @@ class RunPanel:
             yield updates
 
     def _not_ready(self) -> str | None:
-        if self.backend.status().state != "ready":
+        st = self.backend.status()
+        if st.state != "ready":
+            if st.progress is not None and st.progress.stage == "measure":
+                return f"The engine is measuring this machine ({st.progress.message}); run your prompt when it is done."
             return "The engine is not ready yet: see the status line above."
         return None
 

@@ -33,12 +33,6 @@ def status_markdown(backend: Backend) -> str:
     st = backend.status()
     what = _config_text(st)
     if st.state == "ready":
-        profiling = backend.policy_view().profiling
-        if profiling:  # K is switched while it runs: say so where everyone looks
-            return (
-                f"● **Engine ready** ({what}) at `{st.url}`. ◐ Measuring the cost model for K policies: "
-                f"{profiling}. Requests run meanwhile, under the K being measured."
-            )
         # the watchdog brought it back (engine_adapter/service/watchdog.py)
         return f"● **Engine ready** ({what}) at `{st.url}`." + (
             f" Restarted by itself after: {st.fault}." if st.fault else ""
@@ -67,6 +61,12 @@ def _starting_markdown(st: ServiceStatus, what: str) -> str:
     filled = int(frac * BAR_CELLS)
     bar = "█" * filled + "░" * (BAR_CELLS - filled)
     message = p.message if p else ""
+    if p is not None and p.stage == "measure":  # the lesson's first chapter: what a step costs here
+        return (
+            f"◐ **Measuring this machine** ({what}): `{bar}` {frac:.0%} — {message}. The engine runs its own "
+            "requests at each batch size and K to learn what a step costs (the step-time picture below fills "
+            "in cell by cell); your requests start when it is done."
+        )
     if st.fault:
         return f"◐ **Engine restarting after a fault** ({what}): `{bar}` {frac:.0%} — {message}. Cause: {st.fault}"
     return f"◐ **Engine starting** ({what}): `{bar}` {frac:.0%} — {message}"
@@ -120,12 +120,14 @@ def policy_status_markdown(v: PolicyView) -> str:
         )
         parts.append(f"**In force:** {v.state.spec.describe()} ({applied}).")
     if v.profiling:
-        parts.append(f"◐ **Profiling the cost model:** {v.profiling}. A policy chosen now applies when it ends.")
+        parts.append(f"◐ **Measuring the cost model:** {v.profiling}. A policy chosen now applies when it ends.")
     elif v.cost is not None:
         source = "measured now" if v.cost_source == "profiled" else "measured earlier on this machine (cache)"
         parts.append(
             f"Cost model: {source}, {len(v.cost.points)} cells, knee ≈ {v.cost.knee_tokens:.0f} tokens per step."
         )
+        if v.profile_estimate_s is not None:
+            parts.append(f"Measuring again stops visitors' requests for about {v.profile_estimate_s:.0f} s.")
     if v.error:
         parts.append(f"✕ {v.error}")
     return " ".join(parts)

@@ -1,0 +1,93 @@
+"""A cold start on tiny engines (no cost model cached): the cost model is measured before the
+service takes visitors' requests, no visitor request shares a profiling step, the start policy
+(auto) is in force afterwards, and measuring again waits for the requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from engine_adapter.records import RequestResult
+from engine_adapter.service.engine_service import EngineService
+from tests.support.fixtures import tiny_config
+
+BG_PROMPTS = ["def add(a, b):", "The quick brown fox"]
+
+
+def _profiling_steps_hold_only_profiling_requests(service: EngineService) -> int:
+    steps = service.steps_since(0.0)
+    mixed = [s for s in steps if 0 < s.profiling_requests < s.batch_size]
+    assert mixed == [], f"steps mixing profiling and other requests: {mixed[:3]}"
+    return sum(1 for s in steps if s.profiling_requests)
+
+
+async def _run(service: EngineService, prompt: str, max_tokens: int) -> RequestResult:
+    async for item in service.stream(prompt, max_tokens=max_tokens, temperature=0.0):
+        if isinstance(item, RequestResult):
+            return item
+    raise AssertionError("no result")
+
+
+@pytest.fixture(scope="module")
+def cold_service(tiny, tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPEC_EXPLORER_CACHE", str(tmp_path_factory.mktemp("cold-cache")))  # no cost model there
+    svc = EngineService(background_prompts=BG_PROMPTS, policy_options={"default_policy": "auto"})
+    seen: list[tuple[str, str | None, str | None]] = []  # (state, progress stage, policy cost source)
+    # a draft equal to the target: drafting pays at every batch size, so auto drafts
+    svc.start(tiny_config(tiny, "draft", "same", k=3, k_max=5))
+    deadline = time.monotonic() + 300
+    while svc.status().state != "ready" and time.monotonic() < deadline:
+        st = svc.status()
+        seen.append((st.state, st.progress.stage if st.progress else None, svc.policy_view().cost_source))
+        time.sleep(0.1)
+    yield svc, seen
+    svc.close()
+    mp.undo()
+
+
+def test_the_service_is_ready_only_after_measuring(cold_service):
+    svc, seen = cold_service
+    assert svc.status().state == "ready", svc.status()
+    stages = [stage for state, stage, _ in seen if state == "starting"]
+    assert "measure" in stages, f"no measuring stage before ready: {sorted(set(stages))}"
+    assert ("starting", "measure", "measuring") in seen, "the step-time picture never showed cells while measuring"
+    v = svc.policy_view()
+    assert v.cost_source == "profiled" and len(v.cost.points) >= 15
+    assert v.state.spec.kind == "auto", v.state.spec  # the start policy, once the cost model is there
+    assert _profiling_steps_hold_only_profiling_requests(svc) > 20
+
+
+def test_the_first_request_after_ready_drafts(cold_service):
+    svc, _ = cold_service
+    result = asyncio.run(_run(svc, "def fibonacci(n):", 32))
+    assert "accepted" in result.kinds, result.kinds
+    assert _profiling_steps_hold_only_profiling_requests(svc) > 0
+
+
+def test_measuring_again_waits_for_requests_and_refuses_new_ones(cold_service):
+    svc, _ = cold_service
+
+    async def scenario() -> tuple[RequestResult, str]:
+        in_flight = asyncio.create_task(_run(svc, "The quick brown fox", 96))
+        await asyncio.sleep(0.3)
+        await svc.profile_cost()
+        assert svc.status().state == "starting"
+        refused = ""
+        try:
+            await _run(svc, "def add(a, b):", 8)
+        except RuntimeError as e:
+            refused = str(e)
+        return await in_flight, refused
+
+    result, refused = asyncio.run(scenario())
+    assert "not ready" in refused
+    assert result.finish_reason in ("length", "stop")  # the request in flight ran to its end
+    deadline = time.monotonic() + 300
+    while svc.status().state != "ready" and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert svc.status().state == "ready"
+    assert svc.policy_view().state.spec.kind == "auto"  # the policy in force came back
+    assert _profiling_steps_hold_only_profiling_requests(svc) > 40  # two profiles, no visitor in either

@@ -1,0 +1,81 @@
+"""The profiler's grid, its time estimate and the profiling-request marks: pure, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine_adapter.engine.tap_receiver import summarize
+from engine_adapter.policy.cost_model import CostModel, CostPoint
+from engine_adapter.policy.profiler import (
+    SETTLE_STEPS,
+    cell_max_tokens,
+    default_ks,
+    estimate_profile_s,
+    profile_cells,
+)
+from engine_adapter.records import is_profile_request, profile_request_id
+from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep
+
+
+@pytest.mark.parametrize(
+    "k_max, ks",
+    [
+        (5, [5, 3, 1, 0]),
+        (3, [3, 1, 0]),
+        (1, [1, 0]),
+        (8, [8, 3, 1, 0]),
+    ],
+)
+def test_ks_are_profiled_highest_first_and_k0_last(k_max, ks):
+    # an idle drafter drops a request that lived through K=0: K=0 must be each batch's last cell
+    assert default_ks(k_max) == ks
+
+
+@pytest.mark.parametrize(
+    "batch_sizes, ks, cells",
+    [
+        ((1, 2), (0, 3), [(1, 3), (1, 0), (2, 3), (2, 0)]),
+        ((4, 1, 4), (1, 0, 5), [(1, 5), (1, 1), (1, 0), (4, 5), (4, 1), (4, 0)]),
+        ((16,), (0,), [(16, 0)]),
+    ],
+)
+def test_cells_run_batch_sizes_up_and_k_down(batch_sizes, ks, cells):
+    assert profile_cells(batch_sizes, ks) == cells
+
+
+@pytest.mark.parametrize("steps", [4, 10, 20])
+def test_a_profiling_request_outlives_every_cell_of_its_batch(steps):
+    ks = default_ks(5)
+    # every draft kept: K+1 tokens a step, for the settling steps and the measured ones, in each cell
+    needed = sum((steps + SETTLE_STEPS) * (k + 1) for k in ks)
+    assert cell_max_tokens(ks, steps) > needed
+
+
+def test_the_time_estimate_adds_up_the_cells_own_step_times():
+    flat = CostModel(base_s=0.1, slope_s=0.0, knee_tokens=1e9)  # every step 100 ms
+    cells = len(profile_cells((1, 2), default_ks(3)))
+    estimate = estimate_profile_s(flat, 3, batch_sizes=(1, 2), steps_per_cell=10)
+    assert estimate == pytest.approx(cells * (10 + SETTLE_STEPS + 1) * 0.1 + 2 * 3 * 0.1)
+    measured = CostModel(0.1, 0.0, 1e9, points=(CostPoint(2, 3, 8, 1.0, 10),))  # one slow measured cell
+    assert estimate_profile_s(measured, 3, batch_sizes=(1, 2), steps_per_cell=10) > estimate + 10
+
+
+@pytest.mark.parametrize("tag", ["b1r0", "b16r15", ""])
+def test_profiling_ids_are_marked_and_have_no_dash(tag):
+    rid = profile_request_id(tag)
+    assert is_profile_request(rid) and "-" not in rid
+    assert rid != profile_request_id(tag)  # unique: a second profile never reuses a live id
+
+
+@pytest.mark.parametrize(
+    "ids, profiling",
+    [
+        (["abc", "def"], 0),
+        ([profile_request_id("b2r0"), profile_request_id("b2r1")], 2),
+        ([profile_request_id("b2r0"), "visitor"], 1),
+    ],
+)
+def test_the_tap_summary_counts_the_profilers_requests(ids, profiling):
+    reqs = [TapRequestStep(f"cmpl-{rid}-0-1a2b3c4d", [5, 6], 1, [5, 7], None, 10) for rid in ids]
+    step = TapStep(1, 1.0, 0.01, 0.01, len(ids), 2, 3 * len(ids), 0.0, 0, reqs)
+    assert summarize(step).profiling_requests == profiling
