@@ -37,7 +37,7 @@ def cold_service(tiny, tmp_path_factory):
     svc = EngineService(background_prompts=BG_PROMPTS, policy_options={"default_policy": "auto"})
     seen: list[tuple[str, str | None, str | None]] = []  # (state, progress stage, policy cost source)
     # a draft equal to the target: drafting pays at every batch size, so auto drafts
-    svc.start(tiny_config(tiny, "draft", "same", k=3, k_max=5))
+    svc.start(tiny_config(tiny, "draft", "close", k=3, k_max=5))
     deadline = time.monotonic() + 300
     while svc.status().state != "ready" and time.monotonic() < deadline:
         st = svc.status()
@@ -91,3 +91,24 @@ def test_measuring_again_waits_for_requests_and_refuses_new_ones(cold_service):
     assert svc.status().state == "ready"
     assert svc.policy_view().state.spec.kind == "auto"  # the policy in force came back
     assert _profiling_steps_hold_only_profiling_requests(svc) > 40  # two profiles, no visitor in either
+
+
+def _k_at(table, batch_size: int) -> int:
+    return next(k for lo, hi, k in table if lo <= batch_size <= hi)
+
+
+def test_raising_the_load_lowers_the_k_in_force_under_auto(cold_service):
+    svc, _ = cold_service
+    k_alone = _k_at(svc.policy_view().state.table, 1)
+    assert k_alone > 0, svc.policy_view().state.table
+    asyncio.run(svc.set_background(24, session="test"))
+    try:
+        deadline = time.monotonic() + 120
+        loaded: list[int] = []
+        while len(loaded) < 20 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            loaded = [s.k for s in svc.steps_since(time.monotonic() - 5) if s.batch_size >= 20]
+        assert len(loaded) >= 20, "the background load never filled the engine"
+        assert sorted(loaded)[len(loaded) // 2] < k_alone, (loaded, svc.policy_view().state.table)
+    finally:
+        asyncio.run(svc.set_background(0, session="test"))

@@ -8,6 +8,7 @@ tokenizer) and returns their paths:
 - ``same``:      a byte-identical copy of the target (every draft is accepted).
 - ``random``:    an independent random init (almost no draft is accepted).
 - ``perturbed``: the target plus Gaussian noise (some drafts are accepted).
+- ``close``: the target plus a little noise (most drafts are accepted, not all).
 
 Everything is built here, in seconds, with no network: the tokenizer is
 trained on a small built-in corpus, so nothing is downloaded from a hub.
@@ -17,6 +18,7 @@ shapes of speculative verification.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ class TinyFamily:
     same: Path
     random: Path
     perturbed: Path
+    close: Path
 
 
 def train_tokenizer(out_dir: Path) -> PreTrainedTokenizerFast:
@@ -94,8 +97,8 @@ def _save(model: Qwen2ForCausalLM, tok_dir: Path, out: Path) -> Path:
     return out
 
 
-def build_tiny_family(root: Path, noise: float = 0.05) -> TinyFamily:
-    """Write the four tiny models under ``root`` (idempotent) and return them."""
+def build_tiny_family(root: Path, noise: float = 0.05, close_noise: float = 0.015) -> TinyFamily:
+    """Write the five tiny models under ``root`` (idempotent) and return them."""
     root = Path(root)
     done = root / "COMPLETE"
     paths = TinyFamily(
@@ -103,6 +106,7 @@ def build_tiny_family(root: Path, noise: float = 0.05) -> TinyFamily:
         same=root / "same",
         random=root / "random",
         perturbed=root / "perturbed",
+        close=root / "close",
     )
     if done.exists():
         return paths
@@ -119,11 +123,13 @@ def build_tiny_family(root: Path, noise: float = 0.05) -> TinyFamily:
     torch.manual_seed(1)
     _save(Qwen2ForCausalLM(config).float().eval(), tok_dir, paths.random)
 
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for p in target.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * p.std() * noise)
-    _save(target, tok_dir, paths.perturbed)
+    for out, scale, seed in ((paths.perturbed, noise, 2), (paths.close, close_noise, 3)):
+        draft = copy.deepcopy(target)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in draft.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * p.std() * scale)
+        _save(draft, tok_dir, out)
     done.write_text("ok")
     return paths
 

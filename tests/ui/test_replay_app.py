@@ -109,6 +109,8 @@ def test_app_records_a_live_session_that_replays(tiny, tmp_path):
             "draft",
             "--k",
             "3",
+            "--policy",
+            "fixed",  # the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
             "--target",
             str(tiny.target),
             "--draft",
