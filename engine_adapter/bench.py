@@ -2,6 +2,7 @@
 
     python -m engine_adapter.bench [--methods off,ngram,draft] [--concurrency 1,4,16]
                                    [--k 3] [--max-tokens 64] [--categories code,story,...]
+                                   [--reserved-cpus default,0] [--modes eager,compiled]
     python -m engine_adapter.bench --tap-overhead [--rounds 3]
 
 Default mode: for each method, start the engine (packaged pair unless
@@ -9,7 +10,12 @@ Default mode: for each method, start the engine (packaged pair unless
 requests in flight over max(C, 4) preset prompts (ordered round-robin by
 category). Reports total tokens/s, mean acceptance length and draft
 acceptance rate (pooled over requests, vLLM's definitions) and the ratio to
-``off`` at the same C. Prints a table, then a JSON last line.
+``off`` at the same C and engine settings. Before any engine starts it measures
+the machine's read bandwidth (``engine/roofline.py``) on the worker's cores and
+gives each plain-decode row as a fraction of its roofline (bandwidth / the
+target's bytes read per step, times C). ``--reserved-cpus`` and ``--modes``
+compare vLLM's core binding and eager against compiled mode in one run (engine
+start-up seconds included). Prints a table, then a JSON last line.
 
 ``--tap-overhead``: starts the draft-model engine twice, with and without the
 scheduler tap, and alternates identical runs between them (A B A B ...) at
@@ -31,16 +37,21 @@ from engine_adapter.measure.throughput import BenchSettings, bench, tap_overhead
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = f"{'method':8} {'C':>3} {'tok/s':>8} {'x off':>6} {'req tok/s':>9} {'mean AL':>8} {'accept':>7}"
+    head = (
+        f"{'method':8} {'cores':>5} {'mode':8} {'start s':>7} {'C':>3} {'tok/s':>8} {'x off':>6} "
+        f"{'req tok/s':>9} {'mean AL':>8} {'accept':>7} {'roofline':>8}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         mal = f"{r['mean_acceptance_length']:.3f}" if r["mean_acceptance_length"] else "-"
         dar = f"{r['draft_acceptance_rate']:.3f}" if r["draft_acceptance_rate"] is not None else "-"
         ratio = f"{r['ratio_to_off']:.2f}" if r["ratio_to_off"] else "-"
+        roof = f"{r['roofline_fraction']:.2f}" if r.get("roofline_fraction") else "-"
+        mode = "eager" if r["eager"] else "compiled"
         print(
-            f"{r['method']:8} {r['concurrency']:>3} {r['tokens_per_s']:>8.2f} {ratio:>6} "
-            f"{r['per_request_tokens_per_s']:>9.2f} {mal:>8} {dar:>7}"
+            f"{r['method']:8} {r['worker_cores']:>5} {mode:8} {r['start_s']:>7} {r['concurrency']:>3} "
+            f"{r['tokens_per_s']:>8.2f} {ratio:>6} {r['per_request_tokens_per_s']:>9.2f} {mal:>8} {dar:>7} {roof:>8}"
         )
 
 
@@ -57,12 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)
+    p.add_argument(
+        "--reserved-cpus",
+        default="default",
+        help="cores vLLM keeps free of its worker, a list compared side by side, e.g. 'default,0' "
+        "(default = vLLM's, 1; 0 = the worker on every core)",
+    )
+    p.add_argument("--modes", default="eager", help="eager, compiled, or 'eager,compiled' side by side")
     p.add_argument("--tap-overhead", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     args.methods = args.methods.split(",")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.categories = args.categories.split(",") if args.categories else None
+    args.reserved_cpus = [None if v == "default" else int(v) for v in args.reserved_cpus.split(",")]
+    args.eager = [m == "eager" for m in args.modes.split(",")]
+    del args.modes
     if args.tap_overhead:
         out = asyncio.run(tap_overhead(BenchSettings(**vars(args))))
         for c, r in out["runs"].items():
@@ -73,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(json.dumps(out))
         return 0
-    rows = asyncio.run(bench(BenchSettings(**vars(args))))
-    print_table(rows)
-    print(json.dumps({"machine": "see docs/benchmarks.md", "rows": rows}))
+    out = asyncio.run(bench(BenchSettings(**vars(args))))
+    bw = ", ".join(f"{n} core(s) {g} GB/s" for n, g in out["machine"]["bandwidth_gbs"].items())
+    print(f"read bandwidth: {bw}; target weights {out['machine']['target_weight_bytes'] / 1e9:.2f} GB per step")
+    print_table(out["rows"])
+    print(json.dumps(out))
     return 0
 
 

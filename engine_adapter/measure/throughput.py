@@ -9,13 +9,16 @@ C); ``tap_overhead`` alternates identical runs with and without the scheduler ta
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.models import resolve_model
+from engine_adapter.engine.roofline import read_bandwidth_gbs, roofline_tokens_per_s, weight_bytes, worker_cores
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.prompts import load_presets
 from engine_adapter.records import RequestResult
@@ -37,6 +40,8 @@ class BenchSettings:
     kv_cache_gib: int
     tap_overhead: bool
     rounds: int
+    reserved_cpus: list[int | None] = field(default_factory=lambda: [None])  # None: vLLM's default (1)
+    eager: list[bool] = field(default_factory=lambda: [True])  # False: vLLM compiles the model
 
 
 def mixed_prompts(categories: list[str] | None) -> list[str]:
@@ -83,8 +88,12 @@ async def measure_results(
     }, results
 
 
-def _config(settings: BenchSettings, method: str, tap: bool = True) -> EngineConfig:
+def _config(
+    settings: BenchSettings, method: str, tap: bool = True, reserved: int | None = None, eager: bool = True
+) -> EngineConfig:
     return EngineConfig(
+        reserved_cpus=reserved,
+        enforce_eager=eager,
         method=method,
         k=settings.k,
         target=settings.target,
@@ -100,29 +109,80 @@ def _progress(p) -> None:
     print(f"  [{p.fraction:4.0%}] {p.message}", file=sys.stderr)
 
 
-async def bench(settings: BenchSettings) -> list[dict[str, Any]]:
+def machine_roofline(settings: BenchSettings) -> dict[str, Any]:
+    """Read bandwidth on each worker-core count the run uses, and the target's bytes per step."""
+    cores = sorted({worker_cores(r) for r in settings.reserved_cpus} | {os.cpu_count() or 1})
+    print(f"== measuring read bandwidth on {cores} core(s)", file=sys.stderr)
+    target_dir = resolve_model(settings.target)
+    return {
+        "cpus": os.cpu_count(),
+        "bandwidth_gbs": {str(n): round(read_bandwidth_gbs(n), 2) for n in cores},
+        "target_weight_bytes": weight_bytes(target_dir),
+    }
+
+
+def add_roofline(row: dict[str, Any], machine: dict[str, Any]) -> None:
+    """Plain decoding's bound for the row's worker cores and concurrency, and the row's fraction of it."""
+    if row["method"] != "off":
+        return
+    bw = machine["bandwidth_gbs"][str(row["worker_cores"])]
+    bound = roofline_tokens_per_s(bw, machine["target_weight_bytes"], row["concurrency"])
+    row["roofline_tokens_per_s"] = round(bound, 3)
+    row["roofline_fraction"] = round(row["tokens_per_s"] / bound, 3) if bound else None
+
+
+async def bench(settings: BenchSettings) -> dict[str, Any]:
+    """Every (method, reserved cores, eager/compiled) engine in turn, each over the concurrencies;
+    ``ratio_to_off`` compares rows of the same engine settings."""
+    machine = machine_roofline(settings)
     presets = mixed_prompts(settings.categories)
     rows: list[dict[str, Any]] = []
-    for method in settings.methods:
-        print(f"== {method}: starting engine", file=sys.stderr)
-        engine = await LiveEngine.launch(_config(settings, method), progress=_progress)
-        try:
-            await measure(engine, presets[:1], 1, 8)  # warm-up, not reported
-            for c in settings.concurrency:
-                row = {
-                    "method": method,
-                    **await measure(
-                        engine, prompts_for(presets, max(c, settings.min_requests)), c, settings.max_tokens
-                    ),
-                }
-                print(f"   c={c}: {row['tokens_per_s']:.1f} tok/s", file=sys.stderr)
-                rows.append(row)
-        finally:
-            await engine.close()
-    off = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["method"] == "off"}
+    for reserved in settings.reserved_cpus:
+        for eager in settings.eager:
+            for method in settings.methods:
+                rows += await _bench_engine(settings, method, reserved, eager, presets)
     for r in rows:
-        base = off.get(r["concurrency"])
-        r["ratio_to_off"] = round(r["tokens_per_s"] / base, 3) if base else None
+        add_roofline(r, machine)
+        off = next(
+            (
+                o["tokens_per_s"]
+                for o in rows
+                if o["method"] == "off" and all(o[f] == r[f] for f in ("concurrency", "reserved_cpus", "eager"))
+            ),
+            None,
+        )
+        r["ratio_to_off"] = round(r["tokens_per_s"] / off, 3) if off else None
+    return {"machine": machine, "rows": rows}
+
+
+async def _bench_engine(
+    settings: BenchSettings, method: str, reserved: int | None, eager: bool, presets: list[str]
+) -> list[dict[str, Any]]:
+    label = (
+        f"{method}, reserved cores {'default' if reserved is None else reserved}, {'eager' if eager else 'compiled'}"
+    )
+    print(f"== {label}: starting engine", file=sys.stderr)
+    t0 = time.monotonic()
+    engine = await LiveEngine.launch(_config(settings, method, reserved=reserved, eager=eager), progress=_progress)
+    start_s = time.monotonic() - t0
+    rows = []
+    try:
+        await measure(engine, presets[:1], 1, 8)  # warm-up, not reported
+        for c in settings.concurrency:
+            m = await measure(engine, prompts_for(presets, max(c, settings.min_requests)), c, settings.max_tokens)
+            print(f"   c={c}: {m['tokens_per_s']:.1f} tok/s", file=sys.stderr)
+            rows.append(
+                {
+                    "method": method,
+                    "reserved_cpus": reserved,
+                    "worker_cores": worker_cores(reserved),
+                    "eager": eager,
+                    "start_s": round(start_s, 1),
+                    **m,
+                }
+            )
+    finally:
+        await engine.close()
     return rows
 
 
