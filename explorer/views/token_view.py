@@ -10,6 +10,9 @@ literal, so ``$``, backtick and backslash become HTML entities too (a token
 ``${alert(1)}`` must print, never run).
 Whitespace stays faithful (the view uses ``white-space: pre-wrap``); newlines
 get a faint ↵ marker and C0 control characters their Unicode control picture.
+Each step's span carries ``data-step`` (its index) and ``data-t`` (its ``Step.t``
+in seconds, six decimals: ``time.monotonic()`` of the engine host on a live
+engine), which ``scripts/ui_latency.py`` reads to time each step to the page.
 """
 
 from __future__ import annotations
@@ -91,6 +94,7 @@ def token_view_value(
         "steps": [
             {
                 "i": s.index,
+                "ts": f"{float(s.t):.6f}",  # a number only: inert as it is
                 "t": [{"h": token_html(t.text), "k": t.kind, "tip": _tip(t, s)} for t in s.tokens],
                 "r": [{"h": token_html(t.text), "tip": _tip(t, s)} for t in s.rejected],
             }

@@ -105,6 +105,9 @@ def test_code_preset_streams_coloured_tokens_with_ghosts(page):
     }
     assert len(kinds) >= 2, kinds
     assert page.locator("#token-view .tv-text .k-rejected").count() > 0, "no rejected-draft ghosts"
+    # each step's engine time (Step.t, a plain number) for scripts/ui_latency.py
+    times = page.eval_on_selector_all("#token-view .tv-step", "els => els.map(e => e.dataset.t)")
+    assert times and all(re.fullmatch(r"\d+\.\d{6}", t) for t in times), times
     page.locator("#token-view .tv-text .k-prefill").first.hover()
     page.screenshot(path=str(SHOTS / "1-tokens.png"), full_page=True)
 

@@ -1,0 +1,168 @@
+"""UI latency statistics: engine step -> token view, and the live charts' refresh rate.
+
+Contract (pure: no engine, browser or network; ``scripts/ui_latency.py`` feeds it):
+
+- ``StepSeen``: one engine step of a foreground request as the page first showed it:
+  its index (``data-step``), its engine time ``t`` (``data-t``: ``Step.t``, seconds of
+  the engine host's ``time.monotonic()``) and ``seen_ms``, the browser's ``Date.now()``
+  (milliseconds since the epoch) in the MutationObserver callback where its span first
+  appeared in the token view; ``net_ms``, where known, when the page's script first read
+  the server-sent event that carried the step (its ``"ts"``), on the same clock (the read
+  runs on the page's main thread: an upper bound on the event's arrival).
+- ``clock_offset(wall, mono)``: ``time.time() - time.monotonic()`` in seconds, read
+  between two monotonic reads (the narrowest bracket of ``n``); valid for the engine's
+  times when the engine, this process and the browser share one host (Linux's
+  CLOCK_MONOTONIC is one clock for every process; ``Date.now()`` and ``time.time()``
+  both read CLOCK_REALTIME).
+- ``step_latencies(seen, offset_s)``: each (request, step) once, at its first sighting;
+  latency in milliseconds = ``seen_ms - (t + offset_s) * 1000`` (and the same for ``net_ms``:
+  the part of it spent before the page had the data).
+- ``percentile(values, q)``: linear interpolation between closest ranks (numpy's
+  default), ``q`` in 0..100; ``None`` for no values.
+- ``refresh_rate(times_ms, start_ms, end_ms)``: chart redraws per second inside the window.
+- ``summarise_level(...)`` -> ``LevelResult``; ``table(results)`` the printed table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class StepSeen:
+    request: int  # the benchmark's request number (unique within a run)
+    step: int  # the request's step index (data-step)
+    t: float  # Step.t: engine host's time.monotonic(), seconds
+    seen_ms: float  # browser Date.now() at first appearance, ms since the epoch
+    tokens: int = 0  # emitted tokens shown for the step (rejected ghosts left out)
+    net_ms: float | None = None  # browser Date.now() when the event carrying it arrived, ms since the epoch
+
+
+@dataclass(frozen=True, slots=True)
+class StepLatency:
+    request: int
+    step: int
+    tokens: int
+    latency_ms: float  # engine step end -> its span in the token view's DOM
+    net_latency_ms: float | None = None  # engine step end -> the browser has the event carrying it
+
+
+@dataclass(frozen=True, slots=True)
+class LevelResult:
+    load: int  # background requests asked for (the page's slider)
+    requests: int  # foreground requests run at this level
+    steps: int  # engine steps measured (each once)
+    steps_expected: int  # engine steps the page's footers reported for those requests
+    p50_ms: float | None
+    p95_ms: float | None
+    max_ms: float | None
+    net_p50_ms: float | None  # the same, to the event's arrival in the browser (before rendering)
+    net_p95_ms: float | None
+    chart_refreshes: int  # live-chart redraws inside the window
+    window_s: float  # the chart window's length, seconds
+    chart_refresh_per_s: float
+    max_chart_gap_ms: float | None  # the longest time between two redraws in the window
+    running_in_engine: int | None = None  # the readout's figure while the level ran
+
+
+def clock_offset(wall: Callable[[], float], mono: Callable[[], float], n: int = 9) -> tuple[float, float]:
+    """(epoch - monotonic offset, bracket width) in seconds, from the narrowest of ``n`` brackets."""
+    best: tuple[float, float] | None = None
+    for _ in range(max(n, 1)):
+        a = mono()
+        w = wall()
+        b = mono()
+        cand = (w - (a + b) / 2, b - a)
+        if best is None or cand[1] < best[1]:
+            best = cand
+    assert best is not None
+    return best
+
+
+def step_latencies(seen: Sequence[StepSeen], offset_s: float) -> list[StepLatency]:
+    """Each (request, step, t) once, at its earliest sighting, in sighting order."""
+    first: dict[tuple[int, int, float], StepSeen] = {}
+    for s in seen:
+        key = (s.request, s.step, s.t)
+        if key not in first or s.seen_ms < first[key].seen_ms:
+            first[key] = s
+    ordered = sorted(first.values(), key=lambda s: (s.seen_ms, s.request, s.step))
+    return [
+        StepLatency(
+            s.request,
+            s.step,
+            s.tokens,
+            s.seen_ms - (s.t + offset_s) * 1000.0,
+            None if s.net_ms is None else s.net_ms - (s.t + offset_s) * 1000.0,
+        )
+        for s in ordered
+    ]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * min(max(q, 0.0), 100.0) / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def refresh_rate(times_ms: Sequence[float], start_ms: float, end_ms: float) -> tuple[int, float, float | None]:
+    """(redraws, per second, longest gap in ms) inside [start_ms, end_ms]; gaps count the window's edges."""
+    inside = sorted(t for t in times_ms if start_ms <= t <= end_ms)
+    span_s = (end_ms - start_ms) / 1000.0
+    if span_s <= 0:
+        return len(inside), 0.0, None
+    edges = [start_ms, *inside, end_ms]
+    gap = max(b - a for a, b in zip(edges, edges[1:]))
+    return len(inside), len(inside) / span_s, gap
+
+
+def summarise_level(
+    load: int,
+    requests: int,
+    seen: Sequence[StepSeen],
+    offset_s: float,
+    steps_expected: int,
+    chart_ms: Sequence[float],
+    window_ms: tuple[float, float],
+    running_in_engine: int | None = None,
+) -> LevelResult:
+    steps = step_latencies(seen, offset_s)
+    lat = [s.latency_ms for s in steps]
+    net = [s.net_latency_ms for s in steps if s.net_latency_ms is not None]
+    n, rate, gap = refresh_rate(chart_ms, *window_ms)
+    return LevelResult(
+        load=load,
+        requests=requests,
+        steps=len(lat),
+        steps_expected=steps_expected,
+        p50_ms=percentile(lat, 50),
+        p95_ms=percentile(lat, 95),
+        max_ms=max(lat) if lat else None,
+        net_p50_ms=percentile(net, 50),
+        net_p95_ms=percentile(net, 95),
+        chart_refreshes=n,
+        window_s=(window_ms[1] - window_ms[0]) / 1000.0,
+        chart_refresh_per_s=rate,
+        max_chart_gap_ms=gap,
+        running_in_engine=running_in_engine,
+    )
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def table(results: Sequence[LevelResult]) -> str:
+    head = "load  running  requests  steps (of)  p50 ms  p95 ms  max ms  net p50  net p95  chart/s  max gap ms"
+    rows = [
+        f"{r.load:>4}  {r.running_in_engine if r.running_in_engine is not None else '-':>7}  {r.requests:>8}  "
+        f"{r.steps:>5} ({r.steps_expected:>3})  {_ms(r.p50_ms):>6}  {_ms(r.p95_ms):>6}  {_ms(r.max_ms):>6}  "
+        f"{_ms(r.net_p50_ms):>7}  {_ms(r.net_p95_ms):>7}  {r.chart_refresh_per_s:>7.2f}  {_ms(r.max_chart_gap_ms):>10}"
+        for r in results
+    ]
+    return "\n".join([head, *rows])
