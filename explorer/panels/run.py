@@ -31,6 +31,7 @@ from engine_adapter.records import RequestResult, Step
 from engine_adapter.service.backend import Backend
 from engine_adapter.trace.format import request_line
 from explorer.components import TokenView
+from explorer.panels.pacing import paced
 from explorer.views.input_checks import MAX_TOKENS, check_run
 from explorer.views.lossless import compare, verdict_markdown
 from explorer.views.presets import preset_choices, presets_by_label
@@ -38,6 +39,7 @@ from explorer.views.request_card import card_markdown, histogram_figure, positio
 from explorer.views.token_view import token_view_value
 
 Updates = dict[Component, Any]
+MIN_UPDATE_S = 0.1  # the token view is redrawn at most this often (explorer/panels/pacing.py)
 SLIDER_MAX_TEMPERATURE = 1.5  # the page's slider; API callers may go up to input_checks.MAX_TEMPERATURE
 
 
@@ -127,18 +129,21 @@ class RunPanel:
         times: list[tuple[float, int]] = []
         rid = uuid.uuid4().hex
         try:
-            async for item in self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid):
-                if isinstance(item, Step):
-                    steps.append(item)
-                    times.append((item.t, len(item.emitted)))
+            stream = self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid)
+            async for batch in paced(stream, MIN_UPDATE_S):
+                new = [item for item in batch if isinstance(item, Step)]
+                steps += new
+                times += [(s.t, len(s.emitted)) for s in new]
+                results = [item for item in batch if isinstance(item, RequestResult)]
+                if results:
+                    yield self._finished(results[-1], text, times)
+                elif new:
                     yield {
                         self.view: token_view_value(steps, streaming=True, prompt=text),
                         self.card: card_markdown(None, steps),
                         self.step_times: times,
                         self.request_id: rid,
                     }
-                elif isinstance(item, RequestResult):
-                    yield self._finished(item, text, times)
         except Exception as e:  # the page says what went wrong, and keeps what streamed
             what = "The request ended early" if steps else "The engine refused the request"
             yield {

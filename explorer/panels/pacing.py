@@ -1,0 +1,68 @@
+"""Pace a stream for a browser: batch items that arrive faster than a page can draw them.
+
+Contract: ``async for batch in paced(source, min_interval_s)`` yields non-empty lists of the
+source's items, in order, none lost: the first item at once, then at most one batch per
+``min_interval_s`` seconds while items keep coming, and whatever is pending as soon as the
+interval is up (a slow source is shown item by item, as it comes). The source is read by a
+task of its own and closed (``aclose``) when the consumer stops early (Stop, a closed page).
+
+Why: the run panel re-sends the whole token view at each update; a tiny engine steps every
+10 ms, faster than Gradio and the browser draw, and the page fell seconds behind
+(docs/benchmarks.md, "UI latency"). Units: seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import TypeVar
+
+T = TypeVar("T")
+_END = object()
+
+
+async def paced(source: AsyncIterator[T], min_interval_s: float) -> AsyncIterator[list[T]]:
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for item in source:
+                queue.put_nowait(item)
+        except Exception as e:  # handed to the consumer, raised there
+            queue.put_nowait(e)
+        finally:
+            queue.put_nowait(_END)
+
+    task = asyncio.create_task(pump())
+    try:
+        pending: list[T] = []
+        last = float("-inf")
+        while True:
+            wait = None if not pending else max(0.0, last + min_interval_s - time.monotonic())
+            try:
+                item = await asyncio.wait_for(queue.get(), wait)
+            except TimeoutError:
+                item = None  # the interval is up: show what is pending
+            else:
+                if item is _END:
+                    break
+                if isinstance(item, Exception):
+                    if pending:
+                        yield pending
+                    raise item
+                pending.append(item)
+            if pending and time.monotonic() - last >= min_interval_s:
+                yield pending
+                pending, last = [], time.monotonic()
+        if pending:
+            yield pending
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            with contextlib.suppress(Exception):
+                await aclose()
