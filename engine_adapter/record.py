@@ -43,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto = bfloat16 on CPUs that compute in it natively (AVX-512 BF16, AMX), else float32",
+    )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--kv-cache-gib", type=int, default=2)
     p.add_argument("--attach", default=None, help="record from a running vLLM server at this URL")

@@ -24,12 +24,13 @@ Overrides (tests, unusual machines): ``SPEC_EXPLORER_MEM_AVAILABLE_GIB`` and
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine_config import EngineConfig, resolve_dtype
 
 GIB = 1 << 30
 OVERHEAD_GIB = 1.5  # API server, engine core and worker: Python, torch, vLLM
@@ -106,6 +107,24 @@ def weight_bytes(model_dir: Path) -> int:
     return total
 
 
+BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def stored_dtype(model_dir: Path | None) -> str:
+    """The dtype a model's weights are stored in (its config.json; the packaged pair: bfloat16)."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text()) if model_dir else {}
+    except (OSError, ValueError):
+        cfg = {}
+    return str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+
+
+def loaded_bytes(stored_bytes: int, stored: str, dtype: str) -> int:
+    """Memory the weights take once loaded in ``dtype`` (bfloat16 files loaded as float32: twice)."""
+    have, want = BYTES_PER_PARAM.get(stored), BYTES_PER_PARAM.get(dtype)
+    return stored_bytes * want // have if have and want else stored_bytes
+
+
 def _spec_size(spec: str, cache_dir: Path) -> tuple[int | None, object | None]:
     """(weight bytes or None if unknown, the PackagedModel still to build or None)."""
     from engine_adapter.engine import models
@@ -135,6 +154,7 @@ def estimate(
     if config.method == "draft":
         wanted.append(("draft", config.draft, draft_dir))
     builds = []
+    dtype = resolve_dtype(config.dtype)
     for role, spec, resolved in wanted:
         if resolved is not None:
             size, build = weight_bytes(Path(resolved)), None
@@ -143,7 +163,9 @@ def estimate(
         if size is None:
             need.unknown.append(spec)
         else:
-            need.models.append((role, spec, size))
+            local = Path(resolved) if resolved is not None else Path(spec).expanduser()
+            stored = stored_dtype(local if local.is_dir() else None)
+            need.models.append((role, spec, loaded_bytes(size, stored, dtype)))
         if build is not None and build not in builds:
             builds.append(build)
     if builds:

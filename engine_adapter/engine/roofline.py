@@ -4,8 +4,9 @@ Contract:
 - ``read_bandwidth_gbs(threads)``: GB/s (1e9 bytes) that a bf16 matrix-vector product reads on
   ``threads`` cores, median of ``repeats`` products over a ``size_gb`` matrix (far past the
   caches), the same access pattern as a decode step reading its weights;
-- ``weight_bytes(model_dir)``: bytes of a model's weights (its safetensors files): what one
-  decode step reads at least (every weight once; tied embeddings are stored, and read, once);
+- ``weight_bytes(model_dir)`` (from ``resources``): bytes of a model's weight files: what one
+  decode step reads at least when loaded in the stored dtype (every weight once; tied
+  embeddings are stored, and read, once; ``resources.loaded_bytes`` for another dtype);
 - ``roofline_tokens_per_s(bandwidth_gbs, bytes_per_step, batch)``: the bound on plain decoding,
   ``batch`` tokens per weight read (KV-cache reads are left out: small at these lengths).
 
@@ -17,7 +18,8 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from pathlib import Path
+
+from engine_adapter.engine.resources import weight_bytes  # noqa: F401 (re-exported: bytes read per step)
 
 
 def read_bandwidth_gbs(threads: int, size_gb: float = 1.0, repeats: int = 7) -> float:
@@ -39,11 +41,6 @@ def read_bandwidth_gbs(threads: int, size_gb: float = 1.0, repeats: int = 7) -> 
         return w.numel() * w.element_size() / statistics.median(times) / 1e9
     finally:
         torch.set_num_threads(before)
-
-
-def weight_bytes(model_dir: Path) -> int:
-    files = list(Path(model_dir).glob("*.safetensors")) or list(Path(model_dir).glob("*.bin"))
-    return sum(f.stat().st_size for f in files)
 
 
 def roofline_tokens_per_s(bandwidth_gbs: float, bytes_per_step: int, batch: int = 1) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine_config import EngineConfig, resolve_dtype
 from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER, scheduler_class_path
 
 
@@ -49,7 +49,7 @@ def server_args(config: EngineConfig, target_dir: str, draft_dir: str | None, po
         "--served-model-name",
         "target",
         "--dtype",
-        config.dtype,
+        resolve_dtype(config.dtype),
         "--max-model-len",
         str(config.max_model_len),
         "--max-num-seqs",

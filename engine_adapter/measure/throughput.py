@@ -18,8 +18,9 @@ from typing import Any
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.models import resolve_model
+from engine_adapter.engine.resources import loaded_bytes, stored_dtype
 from engine_adapter.engine.roofline import read_bandwidth_gbs, roofline_tokens_per_s, weight_bytes, worker_cores
-from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine_config import EngineConfig, resolve_dtype
 from engine_adapter.prompts import load_presets
 from engine_adapter.records import RequestResult
 from engine_adapter.service.load import run_prompts
@@ -114,10 +115,12 @@ def machine_roofline(settings: BenchSettings) -> dict[str, Any]:
     cores = sorted({worker_cores(r) for r in settings.reserved_cpus} | {os.cpu_count() or 1})
     print(f"== measuring read bandwidth on {cores} core(s)", file=sys.stderr)
     target_dir = resolve_model(settings.target)
+    dtype = resolve_dtype("auto")  # the engines' dtype (EngineConfig's default)
     return {
         "cpus": os.cpu_count(),
+        "dtype": dtype,
         "bandwidth_gbs": {str(n): round(read_bandwidth_gbs(n), 2) for n in cores},
-        "target_weight_bytes": weight_bytes(target_dir),
+        "target_weight_bytes": loaded_bytes(weight_bytes(target_dir), stored_dtype(target_dir), dtype),
     }
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_adapter.engine.models import default_cache_dir
+from engine_adapter.engine_config import resolve_dtype
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.records import EngineStep, profile_request_id
 
@@ -88,7 +89,7 @@ def config_cache_path(config) -> Path:
             "target": config.target,
             "draft": config.draft if config.method == "draft" else None,
             "method": config.method,
-            "dtype": config.dtype,
+            "dtype": resolve_dtype(config.dtype),
             "k_max": config.k_max,
             "reserved_cpus": config.reserved_cpus,
             "enforce_eager": config.enforce_eager,
