@@ -46,6 +46,7 @@ from engine_adapter.records import EngineStep, profile_request_id
 DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
 STEPS_PER_CELL = 10  # the medians' samples: 10 pure steps in a row under one K
 SETTLE_STEPS = 2  # steps skipped after a switch (proposals of the old K, a request's first decode)
+PROMPT_WORDS = 8  # profiling prompts are cut to this many words (``short_prompt``)
 PROFILE_VERSION = 2  # in the cache key: cells measured the old way are measured again
 
 
@@ -256,10 +257,15 @@ class _Meter:
         self._progress(ProfileProgress(frac, message, left, points))
 
 
+def short_prompt(prompt: str, words: int = PROMPT_WORDS) -> str:
+    """The prompt's first words: decode steps cost the same, and each batch's prefill stays short."""
+    return " ".join(prompt.split()[:words])
+
+
 async def _drain(client, prompt: str, max_tokens: int, b: int, i: int) -> None:
     async with contextlib.aclosing(
         client.generate(
-            prompt,
+            short_prompt(prompt),
             max_tokens=max_tokens,
             temperature=0.0,
             ignore_eos=True,

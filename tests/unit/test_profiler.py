@@ -79,3 +79,20 @@ def test_the_tap_summary_counts_the_profilers_requests(ids, profiling):
     reqs = [TapRequestStep(f"cmpl-{rid}-0-1a2b3c4d", [5, 6], 1, [5, 7], None, 10) for rid in ids]
     step = TapStep(1, 1.0, 0.01, 0.01, len(ids), 2, 3 * len(ids), 0.0, 0, reqs)
     assert summarize(step).profiling_requests == profiling
+
+
+@pytest.mark.parametrize(
+    "prompt, short",
+    [
+        (
+            "Write a Python function that checks whether a string is a palindrome, ignoring case.",
+            "Write a Python function that checks whether a",
+        ),
+        ("def add(a, b):", "def add(a, b):"),
+        ("  two\n\nwords  ", "two words"),
+    ],
+)
+def test_profiling_prompts_are_short(prompt, short):
+    from engine_adapter.policy.profiler import short_prompt
+
+    assert short_prompt(prompt) == short
