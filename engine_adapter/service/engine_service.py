@@ -167,7 +167,13 @@ class EngineService:
                 self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
             self._tasks.append(self.guard.watch(engine, gen))
             # with no cached cost model this measures it first: visitors' requests wait for "ready"
-            await self.live_policy.engine_ready(engine, None if attach is not None else config, self._measure_progress)
+            try:
+                await self.live_policy.engine_ready(
+                    engine, None if attach is not None else config, self._measure_progress
+                )
+            except Exception as e:  # e.g. the control channel refused: said in the page, never a silent "starting"
+                self._set(state="failed", error=f"the engine started, but its K policy could not be set: {e!r}")
+                return
             self._set(
                 state="ready",
                 url=engine.url,
