@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -78,7 +79,7 @@ def test_port_taken_is_explained(tiny):
 def test_engine_dies_with_a_killed_app(tiny, tmp_path):
     """SIGKILL the app process: its supervisor ends the whole engine group."""
     marker = tmp_path / "engine-ready"
-    family = [str(tiny.target), str(tiny.same), str(tiny.random), str(tiny.perturbed)]
+    family = [str(p) for p in dataclasses.astuple(tiny)]  # every model, in TinyFamily order
     script = textwrap.dedent(f"""
         import sys, time
         from pathlib import Path
