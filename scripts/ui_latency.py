@@ -52,17 +52,8 @@ sys.path.insert(0, str(ROOT))
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from engine_adapter.measure.ui_latency import LevelResult, StepSeen, clock_offset, summarise_level, table  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
-from tests.support.app_process import AppProcess, start_app  # noqa: E402
+from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app  # noqa: E402
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--disable-quic",
-]
 TINY_APP_ARGS = [
     "--method",
     "draft",

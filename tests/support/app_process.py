@@ -27,6 +27,16 @@ from engine_adapter.engine.launcher import free_port
 from engine_adapter.package_data import PROJECT_ROOT
 
 ROOT = PROJECT_ROOT
+# Debian's chromium, offline and in a container (DESIGN.md section 6), for tests and scripts
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
+]
 
 
 def engine_ready(status: str) -> bool:

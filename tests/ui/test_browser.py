@@ -12,6 +12,7 @@ import shutil
 import pytest
 
 from engine_adapter.package_data import PROJECT_ROOT
+from tests.support.app_process import CHROMIUM_ARGS
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -26,15 +27,7 @@ def page(app_url):
     with playwright.sync_playwright() as p:
         browser = p.chromium.launch(
             executable_path=CHROMIUM,
-            args=[
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--no-first-run",
-                "--disable-quic",
-            ],
+            args=CHROMIUM_ARGS,
         )
         pg = browser.new_page(viewport={"width": 1400, "height": 1100})
         dialogs: list[str] = []
