@@ -5,12 +5,21 @@ drives the running engine through a grid of (batch size, K), ``profile_cells``:
 for each batch size ``b`` it starts ``b`` long requests of its own (ids from
 ``records.profile_request_id``, so the tap counts them in
 ``EngineStep.profiling_requests``) and, while they run, switches K live
-(``client.set_k``) from K_max down to 0, keeping ``steps_per_cell`` pure-decode
-steps of exactly ``b`` requests under each K (after the engine acknowledged the
-switch and ``SETTLE_STEPS`` more). K=0 comes last for each batch size: an idle
-drafter drops the requests that lived through a K=0 step. The cells' median
-seconds per step become ``CostPoint``s and are fitted. The engine's previous
-policy is NOT restored: the caller applies the policy it wants afterwards.
+(``client.set_k``) from the highest K down to 0, keeping ``steps_per_cell``
+pure-decode steps of exactly ``b`` requests under each K (after the engine
+acknowledged the switch and ``SETTLE_STEPS`` more), and up to twice as many
+where those spread by more than ``MAX_SPREAD`` around their median. K=0 comes
+last for each batch size: an idle drafter drops the requests that lived through
+a K=0 step. The cells' median seconds per step become ``CostPoint``s and are
+fitted. The engine's previous policy is NOT restored: the caller applies the
+policy it wants afterwards.
+
+The default grid is small on purpose (batch sizes 1, 4, 16 x K 0, 1, 3: nine
+cells, about 75 s for the packaged pair on 2 CPU cores, 2026-12-01): the K
+policies read the fitted curve, not the cells (``CostModel.step_s``), and the
+curve's few parameters (a hinge in verified tokens, the drafter's passes) are
+pinned by these cells; K above 3 is priced by the fit's per-pass cost, which
+holds to a few per cent on the full 20-cell grid (docs/k-policies.md).
 
 The caller keeps everyone else's requests out while it runs (the engine service
 profiles before it says ready): a step of a profiling cell must hold profiling
@@ -37,22 +46,24 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
 
 from engine_adapter.engine.models import default_cache_dir
 from engine_adapter.engine_config import resolve_dtype
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.records import EngineStep, profile_request_id
 
-DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16)
-STEPS_PER_CELL = 10  # the medians' samples: 10 pure steps in a row under one K
-SETTLE_STEPS = 2  # steps skipped after a switch (proposals of the old K, a request's first decode)
+DEFAULT_BATCH_SIZES = (1, 4, 16)
+STEPS_PER_CELL = 4  # the medians' samples: pure steps in a row under one K ...
+MAX_SPREAD = 0.1  # ... and as many again while their median absolute deviation exceeds 10 % of the median
+SETTLE_STEPS = 1  # steps skipped after a switch (a request's first decode); old-K proposals are filtered
 PROMPT_WORDS = 8  # profiling prompts are cut to this many words (``short_prompt``)
-PROFILE_VERSION = 2  # in the cache key: cells measured the old way are measured again
+PROFILE_VERSION = 3  # in the cache key: cells measured the old way are measured again
 
 
 def default_ks(k_max: int) -> list[int]:
-    """The Ks profiled, highest first (K=0 last: see the module docstring)."""
-    return sorted({0, 1, min(3, k_max), k_max}, reverse=True)
+    """The Ks profiled, highest first (K=0 last: see the module docstring); the fit prices the rest."""
+    return sorted({0, 1, min(3, k_max)}, reverse=True)
 
 
 def profile_cells(batch_sizes: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]:
@@ -135,18 +146,23 @@ def estimate_profile_s(
 ) -> float:
     """Seconds a profile of this grid takes by ``cost``'s own step times (the settling steps and
     each batch's prefill, about 3 steps, included): what re-measuring keeps visitors waiting."""
-    steps = sum(
-        (steps_per_cell + SETTLE_STEPS + 1) * cost.step_s(b, k)
-        for b, k in profile_cells(batch_sizes, default_ks(k_max))
-    )
-    prefill = sum(3 * cost.step_s(b, k_max) for b in set(batch_sizes))
+    ks = default_ks(k_max)
+    steps = sum((steps_per_cell + SETTLE_STEPS + 1) * _cell_s(cost, b, k) for b, k in profile_cells(batch_sizes, ks))
+    prefill = sum(3 * _cell_s(cost, b, ks[0]) for b in set(batch_sizes))
     return steps + prefill
+
+
+def _cell_s(cost: CostModel, batch_size: int, k: int) -> float:
+    """A cell's step time as measured last time where it was, by the fit elsewhere."""
+    measured = [p.step_s for p in cost.points if (p.batch_size, p.k) == (batch_size, k)]
+    return measured[0] if measured else cost.fit_step_s(batch_size, k)
 
 
 def cell_max_tokens(ks: Sequence[int], steps_per_cell: int) -> int:
     """Tokens a profiling request may emit: enough for every cell of its batch size even if
-    every draft is kept (K+1 per step), with room for the settling steps and stragglers."""
-    return 32 + sum((steps_per_cell + SETTLE_STEPS + 4) * (k + 1) for k in ks)
+    every draft is kept (K+1 per step) and the cell takes its extra samples (``is_stable``), with
+    room for the settling steps and stragglers."""
+    return 32 + sum((2 * steps_per_cell + SETTLE_STEPS + 4) * (k + 1) for k in ks)
 
 
 async def profile_engine(
@@ -207,7 +223,7 @@ async def _collect(
     out: list[tuple[int, int, int, float]] = []
     settle = SETTLE_STEPS
     deadline = time.monotonic() + timeout_s
-    while len(out) < n:
+    while len(out) < n or (len(out) < 2 * n and not is_stable([s for *_, s in out])):
         left = deadline - time.monotonic()
         if left <= 0:
             break  # whatever steps arrived still count
@@ -227,6 +243,15 @@ async def _collect(
             continue
         out.append((s.batch_size, s.k, s.num_tokens, s.interval_s))
     return out
+
+
+def is_stable(step_s: Sequence[float], max_spread: float = MAX_SPREAD) -> bool:
+    """Whether a cell's samples agree: their median absolute deviation within ``max_spread``
+    of their median (one slow step among four passes; two do not)."""
+    if not step_s:
+        return False
+    mid = median(step_s)
+    return median(abs(s - mid) for s in step_s) <= max_spread * mid
 
 
 class _Meter:

@@ -11,6 +11,7 @@ from engine_adapter.policy.profiler import (
     cell_max_tokens,
     default_ks,
     estimate_profile_s,
+    is_stable,
     profile_cells,
 )
 from engine_adapter.records import is_profile_request, profile_request_id
@@ -20,10 +21,10 @@ from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep
 @pytest.mark.parametrize(
     "k_max, ks",
     [
-        (5, [5, 3, 1, 0]),
+        (5, [3, 1, 0]),  # K 4 and 5 priced by the fit's per-pass cost
         (3, [3, 1, 0]),
+        (2, [2, 1, 0]),
         (1, [1, 0]),
-        (8, [8, 3, 1, 0]),
     ],
 )
 def test_ks_are_profiled_highest_first_and_k0_last(k_max, ks):
@@ -46,8 +47,8 @@ def test_cells_run_batch_sizes_up_and_k_down(batch_sizes, ks, cells):
 @pytest.mark.parametrize("steps", [4, 10, 20])
 def test_a_profiling_request_outlives_every_cell_of_its_batch(steps):
     ks = default_ks(5)
-    # every draft kept: K+1 tokens a step, for the settling steps and the measured ones, in each cell
-    needed = sum((steps + SETTLE_STEPS) * (k + 1) for k in ks)
+    # every draft kept: K+1 tokens a step, for the settling steps and twice the samples, in each cell
+    needed = sum((2 * steps + SETTLE_STEPS) * (k + 1) for k in ks)
     assert cell_max_tokens(ks, steps) > needed
 
 
@@ -58,6 +59,20 @@ def test_the_time_estimate_adds_up_the_cells_own_step_times():
     assert estimate == pytest.approx(cells * (10 + SETTLE_STEPS + 1) * 0.1 + 2 * 3 * 0.1)
     measured = CostModel(0.1, 0.0, 1e9, points=(CostPoint(2, 3, 8, 1.0, 10),))  # one slow measured cell
     assert estimate_profile_s(measured, 3, batch_sizes=(1, 2), steps_per_cell=10) > estimate + 10
+
+
+@pytest.mark.parametrize(
+    "samples_ms, stable",
+    [
+        ([500, 510, 490, 505], True),
+        ([500, 510, 490, 900], True),  # one slow step: the median holds
+        ([500, 900, 480, 950], False),  # two: take more samples
+        ([400, 500, 600, 700], False),
+        ([], False),
+    ],
+)
+def test_a_cell_is_stable_when_its_samples_agree(samples_ms, stable):
+    assert is_stable([ms / 1e3 for ms in samples_ms]) is stable
 
 
 @pytest.mark.parametrize("tag", ["b1r0", "b16r15", ""])
