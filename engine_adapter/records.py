@@ -16,6 +16,7 @@ rates in tokens per second.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -34,6 +35,22 @@ def profile_request_id(tag: str) -> str:
 
 def is_profile_request(request_id: str) -> bool:
     return request_id.startswith(PROFILE_REQUEST_PREFIX)
+
+
+def our_request_id(engine_request_id: str) -> str:
+    """'cmpl-abc-0-1a2b3c4d' -> 'abc': the id we gave a request, from the one vLLM's engine uses
+    (our ids contain no '-')."""
+    rid = engine_request_id
+    for prefix in ("cmpl-", "chatcmpl-"):
+        if rid.startswith(prefix):
+            rid = rid[len(prefix) :]
+            break
+    return rid.split("-", 1)[0]
+
+
+def visitor_count(engine_request_ids: Iterable[str]) -> int:
+    """How many of a step's requests are not the profiler's own."""
+    return sum(1 for rid in engine_request_ids if not is_profile_request(our_request_id(rid)))
 
 
 # Where provenance came from: the scheduler tap knows every draft id; an

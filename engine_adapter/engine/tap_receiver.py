@@ -20,18 +20,8 @@ import zmq
 import zmq.asyncio
 
 from engine_adapter.acceptance import position_counts
-from engine_adapter.records import EngineStep, SlotBid, is_profile_request
+from engine_adapter.records import EngineStep, SlotBid, is_profile_request, our_request_id
 from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep, decode_step
-
-
-def our_request_id(engine_request_id: str) -> str:
-    """'cmpl-abc-0-1a2b3c4d' -> 'abc' (our ids contain no '-')."""
-    rid = engine_request_id
-    for prefix in ("cmpl-", "chatcmpl-"):
-        if rid.startswith(prefix):
-            rid = rid[len(prefix) :]
-            break
-    return rid.split("-", 1)[0]
 
 
 def summarize(step: TapStep) -> EngineStep:

@@ -32,6 +32,7 @@ from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 from engine_adapter.acceptance import SlotEstimator
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS, auction, best_ceiling, idle_drafter_k
+from engine_adapter.records import visitor_count
 from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER
 from engine_adapter.vllm_plugin.wire import CONTROL_ADDR_ENV, decode_control
 
@@ -178,8 +179,10 @@ class PolicyHooksMixin:
             out = super().schedule(*args, **kwargs)
         finally:
             self.dynamic_sd_lookup = lookup
-        if self._idle_drafter and out.num_scheduled_tokens:
-            self._recent_batches.append((time.monotonic(), len(out.num_scheduled_tokens)))
+        # the load that just was, the profiler's requests left out: its last cell (16 requests at
+        # K=0) is no guide to the visitor who comes next, and would keep that visitor from drafting
+        if self._idle_drafter and (visitors := visitor_count(out.num_scheduled_tokens)):
+            self._recent_batches.append((time.monotonic(), visitors))
         if self._idle_drafter and out.num_spec_tokens_to_schedule == 0:
             self._drafter_lost.update(out.num_scheduled_tokens)  # the drafter skips this step
         if decision is not None and self.tap_enabled:

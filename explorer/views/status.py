@@ -31,7 +31,7 @@ def status_markdown(backend: Backend) -> str:
     if (info := backend.replay_info) is not None:  # a recorded session, no engine
         return replay_status_markdown(info)
     st = backend.status()
-    what = _config_text(st, backend.policy_view())
+    what = _config_text(st, backend.policy_view() if st.state == "ready" else None)
     if st.state == "ready":
         # the watchdog brought it back (engine_adapter/service/watchdog.py)
         return f"● **Engine ready** ({what}) at `{st.url}`." + (
@@ -46,14 +46,15 @@ def status_markdown(backend: Backend) -> str:
     return f"○ Engine {st.state}."
 
 
-def _config_text(st: ServiceStatus, policy: PolicyView) -> str:
-    """The method and the K policy in force (live policies), else the K the engine was started with."""
+def _config_text(st: ServiceStatus, policy: PolicyView | None) -> str:
+    """The method and the K policy in force (live policies, once ready: the profiler sets K while
+    it measures), else the K the engine was started with."""
     cfg = st.config
     if st.attached:
         return "attached server"
     if cfg is None:
         return ""
-    if policy.available and policy.state is not None:
+    if policy is not None and policy.available and policy.state is not None:
         return f"method **{cfg.method}**, K policy **{policy.state.spec.describe()}** (K up to {policy.k_max})"
     return f"method **{cfg.method}**, K={cfg.k}" + (f", K table {cfg.k_table}" if cfg.k_table else "")
 

@@ -31,7 +31,8 @@ CLIS = {"engine_adapter.record", "engine_adapter.bench", "engine_adapter.sweep",
 # layer -> what its modules may import from the project (a name, or a "pkg.*" prefix)
 ALLOWED: dict[str, set[str]] = {
     "vocabulary": VOCABULARY,
-    "vllm_plugin": {"engine_adapter.vllm_plugin.*", "engine_adapter.acceptance"} | PURE_POLICY,
+    "vllm_plugin": {"engine_adapter.vllm_plugin.*", "engine_adapter.acceptance", "engine_adapter.records"}
+    | PURE_POLICY,
     "engine": VOCABULARY
     | {"engine_adapter.engine.*", "engine_adapter.vllm_plugin.wire", "engine_adapter.vllm_plugin.paths"}
     | {"engine_adapter.policy.cost_model"},

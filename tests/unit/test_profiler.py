@@ -14,7 +14,7 @@ from engine_adapter.policy.profiler import (
     is_stable,
     profile_cells,
 )
-from engine_adapter.records import is_profile_request, profile_request_id
+from engine_adapter.records import is_profile_request, profile_request_id, visitor_count
 from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep
 
 
@@ -94,6 +94,20 @@ def test_the_tap_summary_counts_the_profilers_requests(ids, profiling):
     reqs = [TapRequestStep(f"cmpl-{rid}-0-1a2b3c4d", [5, 6], 1, [5, 7], None, 10) for rid in ids]
     step = TapStep(1, 1.0, 0.01, 0.01, len(ids), 2, 3 * len(ids), 0.0, 0, reqs)
     assert summarize(step).profiling_requests == profiling
+
+
+@pytest.mark.parametrize(
+    "ids, visitors",
+    [
+        ([], 0),
+        (["cmpl-abc-0-1a2b3c4d", "chatcmpl-def-0-9f"], 2),
+        ([f"cmpl-{profile_request_id('b16r0')}-0-1a2b3c4d"] * 16, 0),  # the profile's last cell
+        ([f"cmpl-{profile_request_id('b1r0')}-0-1a2b3c4d", "cmpl-abc-0-1a2b3c4d"], 1),
+    ],
+)
+def test_the_idle_drafters_recent_load_counts_visitors_only(ids, visitors):
+    # policy_hooks prices a new request's drafter at the recent peak of visitors' requests
+    assert visitor_count(ids) == visitors
 
 
 @pytest.mark.parametrize(

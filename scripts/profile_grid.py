@@ -1,0 +1,88 @@
+"""Experiment: what every cell of a profile grid costs on this machine, step by step.
+
+    .venv/bin/python scripts/profile_grid.py [--reserved-cpus N] [--steps 5] [--grid default|full]
+
+Why: the profiler (``engine_adapter/policy/profiler.py``) measures a few cells
+before the app says ready, and the K policies read the curve fitted to them.
+This prints every step of a grid so the cells, their spread and the fit's
+error on cells it did not see can be judged (docs/k-policies.md).
+
+How: the packaged pair with live K policies (k_max 5), the app's defaults
+otherwise; ``profile_engine`` over ``--grid`` (``default``: the profiler's own
+cells; ``full``: batch sizes 1, 2, 4, 8, 16 x K 0, 1, 3, 5), every tap step
+recorded beside it. Nothing is cached.
+
+Bounded: one engine on 127.0.0.1, the grid's requests only, stopped at the
+end. Report: the engine's start time, the profile's time, each cell's median
+and steps (ms), and (JSON last line) the fitted cost model with its cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import time
+
+from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine_config import EngineConfig
+from engine_adapter.policy.profiler import DEFAULT_BATCH_SIZES, default_ks, profile_engine
+
+FULL_GRID = ((1, 2, 4, 8, 16), (5, 3, 1, 0))
+PROMPT = "Write a Python function that parses a CSV file and returns its rows as dictionaries."
+
+
+async def main(args: argparse.Namespace) -> None:
+    t0 = time.monotonic()
+    cfg = EngineConfig(method="draft", k=3, k_max=5, reserved_cpus=args.reserved_cpus)
+    engine = await LiveEngine.launch(cfg)
+    up_s = time.monotonic() - t0
+    print(f"engine up in {up_s:.1f} s", flush=True)
+    batch_sizes, ks = FULL_GRID if args.grid == "full" else (DEFAULT_BATCH_SIZES, default_ks(5))
+    steps: list[tuple[int, int, int, float]] = []  # (batch size, K, tokens, s) of every tap step
+    q = engine.client.tap.watch()
+
+    async def record() -> None:
+        while True:
+            s = await q.get()
+            steps.append((s.batch_size, s.k, s.num_tokens, s.interval_s))
+
+    recorder = asyncio.create_task(record())
+    try:
+        t1 = time.monotonic()
+        cost = await profile_engine(
+            engine.client,
+            [PROMPT],
+            5,
+            True,
+            batch_sizes=batch_sizes,
+            ks=ks,
+            steps_per_cell=args.steps,
+            progress=lambda p: print(f"{time.monotonic() - t0:6.1f} s  {p.message}", flush=True),
+        )
+        profile_s = time.monotonic() - t1
+    finally:
+        recorder.cancel()
+        engine.client.tap.unwatch(q)
+        await engine.close()
+    print(f"profile took {profile_s:.1f} s")
+    cells: dict[tuple[int, int], list[int]] = collections.defaultdict(list)
+    for b, k, n, s in steps:
+        if n <= b * (k + 1):
+            cells[(b, k)].append(round(s * 1e3))
+    for p in cost.points:
+        fit = cost.fit_step_s(p.batch_size, p.k)
+        print(
+            f"b={p.batch_size:2d} K={p.k}  median {p.step_s * 1e3:6.0f} ms  fit {fit * 1e3:6.0f} ms"
+            f"  steps {cells[(p.batch_size, p.k)]}"
+        )
+    print(json.dumps({"engine_up_s": round(up_s, 1), "profile_s": round(profile_s, 1), "cost": cost.to_dict()}))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reserved-cpus", type=int, default=None, help="VLLM_CPU_NUM_OF_RESERVED_CPU (default: vLLM's)")
+    ap.add_argument("--steps", type=int, default=4, help="samples per cell (the profiler's steps_per_cell)")
+    ap.add_argument("--grid", choices=("default", "full"), default="default")
+    asyncio.run(main(ap.parse_args()))
