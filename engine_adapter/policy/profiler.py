@@ -175,7 +175,7 @@ async def profile_engine(
     ks: Sequence[int] | None = None,
     steps_per_cell: int = STEPS_PER_CELL,
     progress: Callable[[ProfileProgress], None] | None = None,
-    cell_timeout_s: float = 60.0,
+    cell_timeout_s: float = 240.0,  # a bound for a stuck engine; a first cell includes its batch's prefill
 ) -> CostModel:
     if client.tap is None or not client.live_policies:
         raise RuntimeError("profiling needs the scheduler tap and live K policies (EngineConfig.k_max)")

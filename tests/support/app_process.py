@@ -39,6 +39,25 @@ CHROMIUM_ARGS = [
 ]
 
 
+def tiny_app_args(target: Path, draft: Path, *more: str) -> list[str]:
+    """app.py's arguments for the tiny test models (tests/support/tiny_models.py), draft model method."""
+    return [
+        "--method",
+        "draft",
+        "--target",
+        str(target),
+        "--draft",
+        str(draft),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "1024",
+        "--kv-cache-gib",
+        "1",
+        *more,
+    ]
+
+
 def engine_ready(status: str) -> bool:
     """Ready, and done measuring the cost model (profiling switches K under the requests)."""
     return "● **Engine ready**" in status and "Measuring the cost model" not in status
@@ -73,13 +92,15 @@ class AppProcess:
             return False
 
 
-def start_app(args: list[str], log: Path) -> AppProcess:
+def start_app(args: list[str], log: Path, env: dict[str, str] | None = None) -> AppProcess:
+    """``env``: variables set for the app on top of this process's (a cost-model cache, say)."""
     port = free_port()
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "app.py", "--port", str(port), *args],
             cwd=ROOT,
+            env=os.environ | (env or {}),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,

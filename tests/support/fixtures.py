@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
-from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
+from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
 from tests.support.processes import wait_gone
 from tests.support.tiny_models import TinyFamily, build_tiny_family
 
@@ -72,24 +72,8 @@ async def engines(tiny: TinyFamily):
 @pytest.fixture(scope="module")
 def app_url(tiny, tmp_path_factory):
     app = start_app(
-        [
-            "--method",
-            "draft",
-            "--k",
-            "3",
-            "--policy",
-            "fixed",  # the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
-            "--target",
-            str(tiny.target),
-            "--draft",
-            str(tiny.perturbed),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "1024",
-            "--kv-cache-gib",
-            "1",
-        ],
+        # fixed K=3: the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
+        tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed"),
         tmp_path_factory.mktemp("app") / "app.log",
     )
     try:

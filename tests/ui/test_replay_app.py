@@ -15,7 +15,7 @@ from engine_adapter.package_data import PROJECT_ROOT, data_path
 from engine_adapter.trace.format import (
     read_session,
 )
-from tests.support.app_process import AppNotReady, engine_ready, start_app, wait_ready
+from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
 from tests.support.trace_samples import CHART_COLUMNS
 
 ROOT = PROJECT_ROOT
@@ -104,26 +104,8 @@ def test_app_records_a_live_session_that_replays(tiny, tmp_path):
     """app.py --record on a tiny engine: the trace holds the run, the steps, the load, and replays."""
     out = tmp_path / "session.jsonl"
     app = start_app(
-        [
-            "--method",
-            "draft",
-            "--k",
-            "3",
-            "--policy",
-            "fixed",  # the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
-            "--target",
-            str(tiny.target),
-            "--draft",
-            str(tiny.perturbed),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "1024",
-            "--kv-cache-gib",
-            "1",
-            "--record",
-            str(out),
-        ],
+        # fixed K=3: the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
+        tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed", "--record", str(out)),
         tmp_path / "app.log",
     )
     try:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from engine_adapter.package_data import PROJECT_ROOT
+from tests.support.app_process import tiny_app_args
 
 ROOT = PROJECT_ROOT
 
@@ -28,20 +29,7 @@ def test_twenty_users_for_two_minutes_leave_nothing_behind(tiny):
         "--baseline-after",
         "0.5",
         "--",
-        "--method",
-        "draft",
-        "--k",
-        "3",
-        "--target",
-        str(tiny.target),
-        "--draft",
-        str(tiny.perturbed),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "1024",
-        "--kv-cache-gib",
-        "1",
+        *tiny_app_args(tiny.target, tiny.perturbed, "--k", "3"),
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
     report = json.loads(done.stdout.strip().splitlines()[-1])
