@@ -161,8 +161,9 @@ def _cell_s(cost: CostModel, batch_size: int, k: int) -> float:
 def cell_max_tokens(ks: Sequence[int], steps_per_cell: int) -> int:
     """Tokens a profiling request may emit: enough for every cell of its batch size even if
     every draft is kept (K+1 per step) and the cell takes its extra samples (``is_stable``), with
-    room for the settling steps and stragglers."""
-    return 32 + sum((2 * steps_per_cell + SETTLE_STEPS + 4) * (k + 1) for k in ks)
+    room for the settling steps and for the steps that run before the engine acknowledges a K
+    switch (a tiny engine steps every 10 ms: a switch can take 20 steps to arrive)."""
+    return 32 + sum((2 * steps_per_cell + SETTLE_STEPS + 24) * (k + 1) for k in ks)
 
 
 async def profile_engine(
@@ -187,17 +188,19 @@ async def profile_engine(
     try:
         for b in sorted(set(batch_sizes)):
             await client.set_k(ks[0])  # before the requests start: they draft from their first decode
-            tasks = [
-                asyncio.create_task(
-                    _drain(client, prompts[i % len(prompts)], cell_max_tokens(ks, steps_per_cell), b, i)
-                )
-                for i in range(b)
-            ]
+            budget = cell_max_tokens(ks, steps_per_cell)
+            tasks = _start_batch(client, prompts, budget, b)
             try:
                 for k in ks:
                     meter.cell_starts(b, k, observed)
                     await client.set_k(k)
-                    observed += await _collect(q, b, k, client.controls_sent, steps_per_cell, cell_timeout_s, tasks)
+                    got = await _collect(q, b, k, client.controls_sent, steps_per_cell, cell_timeout_s, tasks)
+                    if len(got) < steps_per_cell and all(t.done() for t in tasks):
+                        # the batch's requests ran out of tokens (a switch the engine took long to
+                        # acknowledge): fresh ones finish the cell (under K, so they draft if K > 0)
+                        tasks = _start_batch(client, prompts, budget, b)
+                        got += await _collect(q, b, k, client.controls_sent, steps_per_cell, cell_timeout_s, tasks)
+                    observed += got
                     meter.cell_done(b, k)
             finally:
                 for t in tasks:
@@ -207,6 +210,10 @@ async def profile_engine(
         client.tap.unwatch(q)
     meter.report("fitting the cost model", observed, done=True)
     return fit_cost_model(points_from_steps(observed, min_samples=3), drafter_runs_model=drafter_runs_model)
+
+
+def _start_batch(client, prompts: Sequence[str], max_tokens: int, b: int) -> list[asyncio.Task]:
+    return [asyncio.create_task(_drain(client, prompts[i % len(prompts)], max_tokens, b, i)) for i in range(b)]
 
 
 async def _collect(

@@ -94,22 +94,4 @@ def test_measuring_again_waits_for_requests_and_refuses_new_ones(cold_service):
     assert _profiling_steps_hold_only_profiling_requests(svc) > 40  # two profiles, no visitor in either
 
 
-def _k_at(table, batch_size: int) -> int:
-    return next(k for lo, hi, k in table if lo <= batch_size <= hi)
-
-
-def test_raising_the_load_lowers_the_k_in_force_under_auto(cold_service):
-    svc, _ = cold_service
-    k_alone = _k_at(svc.policy_view().state.table, 1)
-    assert k_alone > 0, svc.policy_view().state.table
-    asyncio.run(svc.set_background(24, session="test"))
-    try:
-        deadline = time.monotonic() + 120
-        loaded: list[int] = []
-        while len(loaded) < 20 and time.monotonic() < deadline:
-            time.sleep(0.5)
-            loaded = [s.k for s in svc.steps_since(time.monotonic() - 5) if s.batch_size >= 20]
-        assert len(loaded) >= 20, "the background load never filled the engine"
-        assert sorted(loaded)[len(loaded) // 2] < k_alone, (loaded, svc.policy_view().state.table)
-    finally:
-        asyncio.run(svc.set_background(0, session="test"))
+# raising the load lowers the K in force under auto: tests/ui/test_cold_start_browser.py, as the page shows it

@@ -176,7 +176,8 @@ async def test_a_user_restart_during_the_back_off_wins(service, tiny):
 def test_no_engine_survives_a_sigkilled_app(tiny, tmp_path):
     marker = str(tiny.random)  # only this test starts an engine on it
     app = start_app(
-        ["--method", "off", "--target", marker, "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"],
+        ["--method", "off", "--target", marker, "--dtype", "float32", "--max-model-len", "1024", "--kv-cache-gib", "1"]
+        + ["--reserved-cpus", "1"],
         tmp_path / "app.log",
     )
     try:

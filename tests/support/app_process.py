@@ -40,10 +40,13 @@ CHROMIUM_ARGS = [
 
 
 def tiny_app_args(target: Path, draft: Path, *more: str) -> list[str]:
-    """app.py's arguments for the tiny test models (tests/support/tiny_models.py), draft model method."""
+    """app.py's arguments for the tiny test models (tests/support/tiny_models.py), draft model method;
+    the worker on one core (vLLM's default), leaving the other to pytest, the app and chromium."""
     return [
         "--method",
         "draft",
+        "--reserved-cpus",
+        "1",
         "--target",
         str(target),
         "--draft",
