@@ -15,11 +15,12 @@ fitted. The engine's previous policy is NOT restored: the caller applies the
 policy it wants afterwards.
 
 The default grid is small on purpose (batch sizes 1, 4, 16 x K 0, 1, 3: nine
-cells, about 75 s for the packaged pair on 2 CPU cores, 2026-12-01): the K
-policies read the fitted curve, not the cells (``CostModel.step_s``), and the
-curve's few parameters (a hinge in verified tokens, the drafter's passes) are
-pinned by these cells; K above 3 is priced by the fit's per-pass cost, which
-holds to a few per cent on the full 20-cell grid (docs/k-policies.md).
+cells; 127 s for the packaged pair in a cold-starting app on 2 CPU cores of an
+AMD EPYC, 2026-12-01): the K policies read the fitted curve, not the cells
+(``CostModel.step_s``), and the curve's few parameters (a hinge in verified
+tokens, the drafter's passes) are pinned by these cells; K above 3 is priced by
+the fit's per-pass cost. The fit to these nine was within -12..+15 % of all 20
+cells of the old grid (docs/k-policies.md).
 
 The caller keeps everyone else's requests out while it runs (the engine service
 profiles before it says ready): a step of a profiling cell must hold profiling
