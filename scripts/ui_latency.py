@@ -52,20 +52,7 @@ sys.path.insert(0, str(ROOT))
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from engine_adapter.measure.ui_latency import LevelResult, StepSeen, clock_offset, summarise_level, table  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
-from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app  # noqa: E402
-
-TINY_APP_ARGS = [
-    "--method",
-    "draft",
-    "--k",
-    "3",
-    "--dtype",
-    "float32",
-    "--max-model-len",
-    "1024",
-    "--kv-cache-gib",
-    "1",
-]
+from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app, tiny_app_args  # noqa: E402
 
 # Before the page's own scripts: the first arrival of each step's "ts" in Gradio's event stream
 # (/queue/data, read through fetch), from a tee of the stream the page reads unchanged.
@@ -176,8 +163,9 @@ def app_arguments(args: argparse.Namespace) -> list[str]:
         from tests.support.tiny_models import build_tiny_family
 
         fam = build_tiny_family(Path(args.tiny))
-        models = ["--target", args.target or str(fam.target), "--draft", args.draft or str(fam.perturbed)]
-        return ["--host", "127.0.0.1", *TINY_APP_ARGS, *models, *extra]
+        # as the tests run them (tests/support/app_process.tiny_app_args): the worker on one core
+        tiny = tiny_app_args(Path(args.target or fam.target), Path(args.draft or fam.perturbed), "--k", "3")
+        return ["--host", "127.0.0.1", *tiny, *extra]
     models = ["--target", args.target or DEFAULT_TARGET, "--draft", args.draft or DEFAULT_DRAFT]
     return ["--host", "127.0.0.1", *models, *extra]
 
