@@ -38,6 +38,21 @@ async def steps_after(engine, n: int, timeout_s: float = 30.0):
     return out
 
 
+async def applied(engine, attempts: int = 3) -> None:
+    """Return once an engine step acknowledged every control sent (short requests make the steps)."""
+    sent = engine.client.controls_sent
+    for _ in range(attempts):
+        q = engine.client.tap.watch()
+        try:
+            await run(engine, PROMPTS[0], max_tokens=4)
+            while not q.empty():
+                if q.get_nowait().controls >= sent:
+                    return
+        finally:
+            engine.client.tap.unwatch(q)
+    raise AssertionError(f"no step acknowledged control {sent} in {attempts} requests")
+
+
 @pytest.mark.parametrize(
     "table",
     [
@@ -53,8 +68,12 @@ async def test_a_live_switch_under_load_changes_k_within_two_steps(live_engine, 
         return k_for_batch_size([tuple(r) for r in table], batch_size, 4)
 
     # the load starts under K=1, so its requests can draft whatever case ran before (a request
-    # prefilled at K=0 has an idle drafter for good, and a step of only such requests runs K=0)
+    # prefilled at K=0 has an idle drafter for good, and a step of only such requests runs K=0);
+    # the table must be in force before they arrive: an idle engine acknowledges it at its next
+    # step, so a short request's steps say when (seen in CI: the load's requests reached the
+    # scheduler before the control did, were prefilled under the previous case's K=0 and never drafted)
     await live_engine.client.set_k_table([[1, 64, 1]])
+    await applied(live_engine)
     load = BackgroundLoad(live_engine.client, PROMPTS, max_tokens=400, max_seconds=120)
     load.set_concurrency(2)
     try:
