@@ -132,6 +132,14 @@ class PolicyPanel:
             api_name="policy_controls",
             show_progress="hidden",
         )
+        # a page opened while the engine was starting (a cold start) learns the policy once it is in force
+        self.synced = gr.State(False)
+        gr.Timer(1.0).tick(
+            self.controls_once_in_force,
+            self.synced,
+            [self.policy, self.k, self.table, self.synced],
+            show_progress="hidden",
+        )
         gr.Timer(1.0).tick(
             self.refresh,
             foreground,
@@ -170,9 +178,12 @@ class PolicyPanel:
     def controls_in_force(self) -> dict[Component, Any]:
         """The policy the engine runs, in this page's controls (the policy is engine-wide: another
         page, or this one before a reload, may have set it); once, on load, so a choice is never undone."""
+        return self._in_force() or gr.skip()  # one skip() for every output: nothing in force to show
+
+    def _in_force(self) -> dict[Component, Any] | None:
         v = self.backend.policy_view()
         if not v.available or v.state is None:
-            return gr.skip()  # one skip() for every output: nothing in force to show
+            return None
         spec = v.state.spec
         shown: dict[Component, Any] = {self.policy: spec.kind}
         if spec.kind == "fixed":
@@ -180,6 +191,16 @@ class PolicyPanel:
         if spec.kind == "table" and spec.table:
             shown[self.table] = table_value(spec.table)
         return shown
+
+    def controls_once_in_force(self, synced: bool) -> Any:
+        """``controls_in_force`` for a page loaded before the start policy was in force (a cold
+        start): the first time the engine is ready, and never again, so a choice made on the page
+        is never undone. Not while measuring: the profiler's own K is in force then."""
+        if synced or self.backend.status().state != "ready" or self.backend.policy_view().profiling:
+            return gr.skip()
+        if (shown := self._in_force()) is None:
+            return gr.skip()
+        return {**shown, self.synced: True}
 
     def refresh(self, fg: str | None) -> dict[Component, Any]:
         v = self.backend.policy_view()
