@@ -178,10 +178,10 @@ class PolicyPanel:
     def controls_in_force(self) -> dict[Component, Any]:
         """The policy the engine runs, in this page's controls (the policy is engine-wide: another
         page, or this one before a reload, may have set it); once, on load, so a choice is never undone."""
-        return self._in_force() or gr.skip()  # one skip() for every output: nothing in force to show
+        # one skip() for every output: nothing in force to show
+        return self._in_force(self.backend.policy_view()) or gr.skip()
 
-    def _in_force(self) -> dict[Component, Any] | None:
-        v = self.backend.policy_view()
+    def _in_force(self, v: PolicyView) -> dict[Component, Any] | None:
         if not v.available or v.state is None:
             return None
         spec = v.state.spec
@@ -196,9 +196,10 @@ class PolicyPanel:
         """``controls_in_force`` for a page loaded before the start policy was in force (a cold
         start): the first time the engine is ready, and never again, so a choice made on the page
         is never undone. Not while measuring: the profiler's own K is in force then."""
-        if synced or self.backend.status().state != "ready" or self.backend.policy_view().profiling:
+        if synced or self.backend.status().state != "ready":
             return gr.skip()
-        if (shown := self._in_force()) is None:
+        v = self.backend.policy_view()
+        if v.profiling or (shown := self._in_force(v)) is None:
             return gr.skip()
         return {**shown, self.synced: True}
 
