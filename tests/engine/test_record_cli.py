@@ -8,6 +8,7 @@ import sys
 
 from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.provenance import kinds_for_step
+from tests.support.app_process import tiny_engine_args
 
 ROOT = PROJECT_ROOT
 
@@ -25,8 +26,6 @@ def test_record_cli_writes_the_documented_trace(tiny, tmp_path):
         sys.executable,
         "-m",
         "engine_adapter.record",
-        "--method",
-        "draft",
         "--k",
         "3",
         "--prompts",
@@ -39,16 +38,7 @@ def test_record_cli_writes_the_documented_trace(tiny, tmp_path):
         "0",
         "--out",
         str(out),
-        "--target",
-        str(tiny.target),
-        "--draft",
-        str(tiny.perturbed),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "1024",
-        "--kv-cache-gib",
-        "1",
+        *tiny_engine_args(tiny.target, tiny.perturbed),
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

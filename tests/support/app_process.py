@@ -39,14 +39,12 @@ CHROMIUM_ARGS = [
 ]
 
 
-def tiny_app_args(target: Path, draft: Path, *more: str) -> list[str]:
-    """app.py's arguments for the tiny test models (tests/support/tiny_models.py), draft model method;
-    the worker on one core (vLLM's default), leaving the other to pytest, the app and chromium."""
+def tiny_engine_args(target: Path, draft: Path) -> list[str]:
+    """The engine arguments app.py and the record CLI share, for the tiny test models
+    (tests/support/tiny_models.py) with the draft model method."""
     return [
         "--method",
         "draft",
-        "--reserved-cpus",
-        "1",
         "--target",
         str(target),
         "--draft",
@@ -57,8 +55,13 @@ def tiny_app_args(target: Path, draft: Path, *more: str) -> list[str]:
         "1024",
         "--kv-cache-gib",
         "1",
-        *more,
     ]
+
+
+def tiny_app_args(target: Path, draft: Path, *more: str) -> list[str]:
+    """app.py's arguments for the tiny test models: ``tiny_engine_args`` with the worker on one
+    core (vLLM's default), leaving the other to pytest, the app and chromium."""
+    return [*tiny_engine_args(target, draft), "--reserved-cpus", "1", *more]
 
 
 def engine_ready(status: str) -> bool:
