@@ -189,57 +189,88 @@ async def profile_engine(
     try:
         for b in sorted(set(batch_sizes)):
             await client.set_k(ks[0])  # before the requests start: they draft from their first decode
-            budget = cell_max_tokens(ks, steps_per_cell)
-            tasks = _start_batch(client, prompts, budget, b)
+            batch = _Batch(client, prompts, cell_max_tokens(ks, steps_per_cell), b)
             try:
                 for k in ks:
                     meter.cell_starts(b, k, observed)
                     await client.set_k(k)
-                    got = await _collect(q, b, k, client.controls_sent, steps_per_cell, cell_timeout_s, tasks)
-                    if len(got) < steps_per_cell and all(t.done() for t in tasks):
-                        # the batch's requests ran out of tokens (a switch the engine took long to
-                        # acknowledge): fresh ones finish the cell (under K, so they draft if K > 0)
-                        tasks = _start_batch(client, prompts, budget, b)
-                        got += await _collect(q, b, k, client.controls_sent, steps_per_cell, cell_timeout_s, tasks)
-                    observed += got
+                    observed += await _measure_cell(q, batch, k, client.controls_sent, steps_per_cell, cell_timeout_s)
                     meter.cell_done(b, k)
             finally:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                await batch.stop()
     finally:
         client.tap.unwatch(q)
     meter.report("fitting the cost model", observed, done=True)
     return fit_cost_model(points_from_steps(observed, min_samples=3), drafter_runs_model=drafter_runs_model)
 
 
-def _start_batch(client, prompts: Sequence[str], max_tokens: int, b: int) -> list[asyncio.Task]:
-    return [asyncio.create_task(_drain(client, prompts[i % len(prompts)], max_tokens, b, i)) for i in range(b)]
+class _Batch:
+    """The ``b`` profiling requests of one batch size; ``restart`` replaces them all."""
+
+    def __init__(self, client, prompts: Sequence[str], max_tokens: int, b: int) -> None:
+        self._client, self._prompts, self._max_tokens, self.size = client, prompts, max_tokens, b
+        self.tasks: list[asyncio.Task] = []
+        self._start()
+
+    def _start(self) -> None:
+        self.tasks = [
+            asyncio.create_task(
+                _drain(self._client, self._prompts[i % len(self._prompts)], self._max_tokens, f"b{self.size}r{i}")
+            )
+            for i in range(self.size)
+        ]
+
+    def broken(self) -> bool:
+        """Whether a request of the batch ended: no step can hold exactly ``size`` of them again.
+        Raises the request's error if one failed (a dead engine): no waiting it out."""
+        for t in self.tasks:
+            if t.done() and not t.cancelled() and t.exception() is not None:
+                raise RuntimeError(f"a profiling request failed: {t.exception()}")
+        return any(t.done() for t in self.tasks)
+
+    async def restart(self) -> None:
+        await self.stop()
+        self._start()
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+MAX_RESTARTS = 3  # fresh batches one cell may start before it keeps what it has
+
+
+async def _measure_cell(
+    q: asyncio.Queue[EngineStep], batch: _Batch, k: int, sent: int, n: int, timeout_s: float
+) -> list[tuple[int, int, int, float]]:
+    """``n`` (up to ``2 n``) pure-decode steps of exactly ``batch.size`` requests under K=k.
+    Where a request of the batch ran out of tokens (a K switch the engine took long to
+    acknowledge, under drafts that were all kept), a fresh batch finishes the cell: it starts
+    under K=k, so it drafts from its first decode if K > 0."""
+    deadline = time.monotonic() + timeout_s
+    got = await _collect(q, batch, k, sent, n, deadline)
+    for _ in range(MAX_RESTARTS):
+        if len(got) >= n or not batch.broken() or time.monotonic() >= deadline:
+            break
+        await batch.restart()
+        got += await _collect(q, batch, k, sent, n - len(got), deadline)
+    return got
 
 
 async def _collect(
-    q: asyncio.Queue[EngineStep],
-    b: int,
-    k: int,
-    sent: int,
-    n: int,
-    timeout_s: float,
-    requests: Sequence[asyncio.Task],
+    q: asyncio.Queue[EngineStep], batch: _Batch, k: int, sent: int, n: int, deadline: float
 ) -> list[tuple[int, int, int, float]]:
-    """``n`` pure-decode steps of exactly ``b`` requests under K=k, after the switch settled.
-    Raises the profiling requests' error if they all ended (a dead engine): no waiting it out."""
+    """Up to ``n`` pure-decode steps of exactly ``batch.size`` requests under K=k, after the
+    switch settled, and as many again while they are not ``is_stable``; stops early once the
+    batch is broken (``_Batch.broken``) or at the deadline (whatever arrived still counts)."""
+    b = batch.size
     out: list[tuple[int, int, int, float]] = []
     settle = SETTLE_STEPS
-    deadline = time.monotonic() + timeout_s
     while len(out) < n or (len(out) < 2 * n and not is_stable([s for *_, s in out])):
         left = deadline - time.monotonic()
-        if left <= 0:
-            break  # whatever steps arrived still count
-        if q.empty() and all(t.done() for t in requests):
-            for t in requests:
-                if not t.cancelled() and t.exception() is not None:
-                    raise RuntimeError(f"a profiling request failed: {t.exception()}")
-            break  # they ended (max_tokens): the next cell starts new ones
+        if left <= 0 or (q.empty() and batch.broken()):
+            break
         try:
             s = await asyncio.wait_for(q.get(), min(left, 1.0))
         except TimeoutError:
@@ -295,14 +326,14 @@ def short_prompt(prompt: str, words: int = PROMPT_WORDS) -> str:
     return " ".join(prompt.split()[:words])
 
 
-async def _drain(client, prompt: str, max_tokens: int, b: int, i: int) -> None:
+async def _drain(client, prompt: str, max_tokens: int, name: str) -> None:
     async with contextlib.aclosing(
         client.generate(
             short_prompt(prompt),
             max_tokens=max_tokens,
             temperature=0.0,
             ignore_eos=True,
-            request_id=profile_request_id(f"b{b}r{i}"),
+            request_id=profile_request_id(name),
         )
     ) as items:
         async for _ in items:  # closed at once if the profile is cancelled

@@ -1,8 +1,15 @@
 """Shared fixtures (loaded by tests/conftest.py): tiny model family and real vLLM engines started on them.
 
-Engines are session-scoped and cached per configuration: each start costs
-20-40 s of CPU, so a test module asks for the configuration it needs and
-shares the engine with the others.
+A start costs about a minute of CPU on 2 cores (each of vLLM's three processes
+imports it for 15-20 s), so starts are shared:
+
+- ``engines``: tiny engines cached per configuration. The cache lives for the session;
+  at the end of each module it keeps only ``KEPT_ENGINES`` (the configurations later
+  modules ask for again) and stops the rest, so idle engines do not pile up in the
+  24 GiB the packaged pair needs (``no_cached_engines`` stops them all for it).
+- ``app_url``: one launched app (tiny models, fixed K=3) for the UI modules; each module
+  starts from the app's defaults (fixed K=3, the draft-model method; no background load
+  is left by a closed page).
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+from gradio_client import Client
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
@@ -39,8 +47,11 @@ def tiny_config(tiny: TinyFamily, method: str, draft: str = "same", k: int = 3, 
     )
 
 
+KEPT_ENGINES = {("off", "same", 3), ("draft", "perturbed", 3)}  # (method, draft, k) asked for in several modules
+
+
 class EngineCache:
-    """Starts each distinct tiny engine once per session; stops all at the end."""
+    """Starts each distinct tiny engine once; ``close(keep)`` stops the others."""
 
     def __init__(self, tiny: TinyFamily) -> None:
         self.tiny = tiny
@@ -55,22 +66,33 @@ class EngineCache:
                 self._engines[key] = await LiveEngine.launch(cfg, resolve=Path)
             return self._engines[key]
 
-    async def close(self) -> None:
-        for e in self._engines.values():
-            await e.close()
-        self._engines.clear()
+    async def close(self, keep: set[tuple] = frozenset()) -> None:
+        async with self._lock:
+            for key in [key for key in self._engines if key not in keep]:
+                await self._engines.pop(key).close()
 
 
-# module scope: a dozen idle tiny engines would crowd the 24 GiB the packaged pair needs
-@pytest_asyncio.fixture(scope="module")
-async def engines(tiny: TinyFamily):
+@pytest_asyncio.fixture(scope="session")
+async def engine_cache(tiny: TinyFamily):
     cache = EngineCache(tiny)
     yield cache
     await cache.close()
 
 
-@pytest.fixture(scope="module")
-def app_url(tiny, tmp_path_factory):
+@pytest_asyncio.fixture(scope="module")
+async def engines(engine_cache: EngineCache):
+    yield engine_cache
+    await engine_cache.close(keep=KEPT_ENGINES)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def no_cached_engines(engine_cache: EngineCache):
+    """For a module that needs the machine's memory (the packaged pair): no tiny engine idles."""
+    await engine_cache.close()
+
+
+@pytest.fixture(scope="session")
+def shared_app(tiny, tmp_path_factory):
     app = start_app(
         # fixed K=3: the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
         tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed"),
@@ -86,3 +108,16 @@ def app_url(tiny, tmp_path_factory):
         if not app.stop(timeout_s=60):
             pytest.fail("the app did not exit within 60 s of Ctrl-C (SIGINT)")
         assert wait_gone(str(tiny.perturbed), 30) == [], "the engine outlived the app"
+
+
+@pytest.fixture(scope="module")
+def app_url(shared_app):
+    """The shared app, with its start policy in force again (a module before may have set another)."""
+    client = Client(shared_app, verbose=False)
+    status = client.predict(api_name="/status")
+    assert engine_ready(status) and "method draft" in status, f"a module before left the shared app so: {status}"
+    said = client.predict(
+        "fixed", 3, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]}, api_name="/set_policy"
+    )
+    assert "Sent to the engine" in said, said
+    return shared_app
