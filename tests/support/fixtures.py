@@ -115,7 +115,7 @@ def app_url(shared_app):
     """The shared app, with its start policy in force again (a module before may have set another)."""
     client = Client(shared_app, verbose=False)
     status = client.predict(api_name="/status")
-    assert engine_ready(status) and "method draft" in status, f"a module before left the shared app so: {status}"
+    assert engine_ready(status) and "method **draft**" in status, f"a module before left the shared app so: {status}"
     said = client.predict(
         "fixed", 3, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]}, api_name="/set_policy"
     )

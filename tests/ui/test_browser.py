@@ -5,19 +5,15 @@ Screenshots go to ``screenshots/`` (look at them after a run).
 
 from __future__ import annotations
 
-import contextlib
 import re
-import shutil
 
 import pytest
 
-from engine_adapter.package_data import PROJECT_ROOT
 from tests.support.app_process import CHROMIUM_ARGS
+from tests.support.browser import CHROMIUM, SHOTS, drag_slider, showing
 
 playwright = pytest.importorskip("playwright.sync_api")
 
-SHOTS = PROJECT_ROOT / "screenshots"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh --dev)")
 
 
@@ -44,37 +40,6 @@ def page(app_url):
             )
         yield pg
         browser.close()
-
-
-def drag_slider(page, value: int, maximum: int = 64) -> None:
-    """Drag the load slider's thumb with the mouse to ``value``."""
-    track = page.locator("#load input[type=range]")
-    track.scroll_into_view_if_needed()
-    box = track.bounding_box()
-    x0 = box["x"] + box["width"] * float(track.input_value()) / maximum
-    y = box["y"] + box["height"] / 2
-    page.mouse.move(x0, y)
-    page.mouse.down()
-    page.mouse.move(box["x"] + box["width"] * value / maximum, y, steps=8)
-    page.mouse.up()
-    # the thumb's width makes a pixel drag land within a step or two: finish with the keys
-    for _ in range(8):
-        now = int(float(track.input_value()))
-        if now == value:
-            break
-        track.press("ArrowRight" if now < value else "ArrowLeft")
-    assert int(float(track.input_value())) == value
-
-
-@contextlib.contextmanager
-def showing(page, selector: str):
-    """A wait that times out inside says what ``selector`` showed then (a bare
-    playwright timeout names only the condition)."""
-    try:
-        yield
-    except playwright.TimeoutError as e:
-        shown = page.locator(selector).first.inner_text() if page.locator(selector).count() else "(absent)"
-        raise AssertionError(f"{e.message.splitlines()[0]}; {selector} showed: {shown!r}") from e
 
 
 def readout(page) -> str:

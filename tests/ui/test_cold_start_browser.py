@@ -9,17 +9,15 @@ accepted drafts; raising the load slider lowers the K in force the live charts s
 
 from __future__ import annotations
 
-import shutil
 import time
 
 import pytest
 
 from tests.support.app_process import CHROMIUM_ARGS, start_app, tiny_app_args, wait_ready
-from tests.ui.test_browser import SHOTS, drag_slider, showing
+from tests.support.browser import CHROMIUM, SHOTS, drag_slider, showing
 
 playwright = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh --dev)")
 
 READY = "● Engine ready"

@@ -188,3 +188,26 @@ def test_a_broken_rule_is_caught(tmp_path, monkeypatch):
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     found = violations()
     assert len(found) == 2 and "not allowed for the explorer layer" in found[0] and "vllm belongs" in found[1]
+
+
+def test_an_import_of_another_test_file_is_caught(tmp_path):
+    """The check below is not vacuous: a test importing another test's helpers is found."""
+    (tmp_path / "tests" / "ui").mkdir(parents=True)
+    (tmp_path / "tests" / "ui" / "test_a.py").write_text("from tests.ui.test_b import helper\nimport tests.support.x\n")
+    assert files_importing_test_modules(tmp_path) == ["tests/ui/test_a.py:1 imports tests.ui.test_b"]
+
+
+def files_importing_test_modules(root: Path) -> list[str]:
+    """Files under tests/ that import a test module (``tests.<dir>.test_*``): shared helpers
+    belong in tests/support/ (CONTRIBUTING.md)."""
+    bad = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        for target, line, _ in imports(path):
+            parts = target.split(".")
+            if parts[0] == "tests" and any(p.startswith("test_") for p in parts[1:]):
+                bad.append(f"{path.relative_to(root)}:{line} imports {target}")
+    return bad
+
+
+def test_no_test_imports_another_test_file():
+    assert files_importing_test_modules(ROOT) == []

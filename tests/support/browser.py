@@ -1,0 +1,49 @@
+"""Browser helpers for the tests that drive Debian's chromium with Playwright.
+
+``SHOTS``: where screenshots go (look at them after a run); ``CHROMIUM``: the browser's path or
+None; ``drag_slider(page, value)`` drags the load slider's thumb with the mouse;
+``showing(page, selector)`` makes a Playwright wait that times out say what ``selector`` showed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+
+from engine_adapter.package_data import PROJECT_ROOT
+
+SHOTS = PROJECT_ROOT / "screenshots"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def drag_slider(page, value: int, maximum: int = 64) -> None:
+    """Drag the load slider's thumb with the mouse to ``value``."""
+    track = page.locator("#load input[type=range]")
+    track.scroll_into_view_if_needed()
+    box = track.bounding_box()
+    x0 = box["x"] + box["width"] * float(track.input_value()) / maximum
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(x0, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * value / maximum, y, steps=8)
+    page.mouse.up()
+    # the thumb's width makes a pixel drag land within a step or two: finish with the keys
+    for _ in range(8):
+        now = int(float(track.input_value()))
+        if now == value:
+            break
+        track.press("ArrowRight" if now < value else "ArrowLeft")
+    assert int(float(track.input_value())) == value
+
+
+@contextlib.contextmanager
+def showing(page, selector: str):
+    """A wait that times out inside says what ``selector`` showed then (a bare
+    playwright timeout names only the condition)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout  # a dev dependency (scripts/setup.sh --dev)
+
+    try:
+        yield
+    except PlaywrightTimeout as e:
+        shown = page.locator(selector).first.inner_text() if page.locator(selector).count() else "(absent)"
+        raise AssertionError(f"{e.message.splitlines()[0]}; {selector} showed: {shown!r}") from e
