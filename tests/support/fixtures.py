@@ -5,11 +5,12 @@ imports it for 15-20 s), so starts are shared:
 
 - ``engines``: tiny engines cached per configuration. The cache lives for the session;
   at the end of each module it keeps only ``KEPT_ENGINES`` (the configurations later
-  modules ask for again) and stops the rest, so idle engines do not pile up in the
-  24 GiB the packaged pair needs (``no_cached_engines`` stops them all for it).
+  modules ask for again) and stops the rest, and after the last module that uses it, all:
+  an idle engine takes memory the packaged pair needs (``no_cached_engines`` stops them all
+  for it) and CPU from the tests that follow.
 - ``app_url``: one launched app (tiny models, fixed K=3) for the UI modules; each module
   starts from the app's defaults (fixed K=3, the draft-model method; no background load
-  is left by a closed page).
+  is left by a closed page); it stops after the last module that uses it.
 """
 
 from __future__ import annotations
@@ -80,9 +81,10 @@ async def engine_cache(tiny: TinyFamily):
 
 
 @pytest_asyncio.fixture(scope="module")
-async def engines(engine_cache: EngineCache):
+async def engines(engine_cache: EngineCache, request: pytest.FixtureRequest):
     yield engine_cache
-    await engine_cache.close(keep=KEPT_ENGINES)
+    last = request.module is last_module_using(request.session, "engines")
+    await engine_cache.close(keep=frozenset() if last else KEPT_ENGINES)  # none idles after its last user
 
 
 @pytest_asyncio.fixture(scope="module")
@@ -91,33 +93,58 @@ async def no_cached_engines(engine_cache: EngineCache):
     await engine_cache.close()
 
 
-@pytest.fixture(scope="session")
-def shared_app(tiny, tmp_path_factory):
-    app = start_app(
+class SharedApp:
+    """The launched app the UI modules share; ``stop`` is idempotent and checks nothing outlives it."""
+
+    def __init__(self, tiny: TinyFamily, log: Path) -> None:
         # fixed K=3: the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
-        tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed"),
-        tmp_path_factory.mktemp("app") / "app.log",
-    )
-    try:
+        self._app = start_app(tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed"), log)
+        self._marker = str(tiny.perturbed)
+        self.url = self._app.url
+        self.stopped = False
+
+    def wait_ready(self) -> None:
         try:
-            wait_ready(app, engine_ready, timeout_s=300)
+            wait_ready(self._app, engine_ready, timeout_s=300)
         except AppNotReady as e:
             pytest.fail(f"the app's engine never became ready: {e}")
-        yield app.url
-    finally:
-        if not app.stop(timeout_s=60):
+
+    def stop(self) -> None:
+        if self.stopped:
+            return
+        self.stopped = True
+        if not self._app.stop(timeout_s=60):
             pytest.fail("the app did not exit within 60 s of Ctrl-C (SIGINT)")
-        assert wait_gone(str(tiny.perturbed), 30) == [], "the engine outlived the app"
+        assert wait_gone(self._marker, 30) == [], "the engine outlived the app"
+
+
+def last_module_using(session: pytest.Session, fixture: str):
+    """The module of the last collected test that uses ``fixture`` (directly or through another)."""
+    users = [item.module for item in session.items if fixture in getattr(item, "fixturenames", ())]
+    return users[-1] if users else None
+
+
+@pytest.fixture(scope="session")
+def shared_app(tiny, tmp_path_factory):
+    app = SharedApp(tiny, tmp_path_factory.mktemp("app") / "app.log")
+    try:
+        app.wait_ready()
+        yield app
+    finally:
+        app.stop()
 
 
 @pytest.fixture(scope="module")
-def app_url(shared_app):
-    """The shared app, with its start policy in force again (a module before may have set another)."""
-    client = Client(shared_app, verbose=False)
+def app_url(shared_app: SharedApp, request: pytest.FixtureRequest):
+    """The shared app, with its start policy in force again (a module before may have set another).
+    Stopped after the last module that uses it: an idle app and engine would take CPU from the
+    tests that follow."""
+    client = Client(shared_app.url, verbose=False)
     status = client.predict(api_name="/status")
     assert engine_ready(status) and "method **draft**" in status, f"a module before left the shared app so: {status}"
-    said = client.predict(
-        "fixed", 3, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]}, api_name="/set_policy"
-    )
+    table = {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]}
+    said = client.predict("fixed", 3, table, api_name="/set_policy")
     assert "Sent to the engine" in said, said
-    return shared_app
+    yield shared_app.url
+    if request.module is last_module_using(request.session, "app_url"):
+        shared_app.stop()
