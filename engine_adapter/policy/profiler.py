@@ -209,11 +209,11 @@ class _Batch:
 
     def __init__(self, client, prompts: Sequence[str], max_tokens: int, b: int) -> None:
         self._client, self._prompts, self._max_tokens, self.size = client, prompts, max_tokens, b
-        self.tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task] = []
         self._start()
 
     def _start(self) -> None:
-        self.tasks = [
+        self._tasks = [
             asyncio.create_task(
                 _drain(self._client, self._prompts[i % len(self._prompts)], self._max_tokens, f"b{self.size}r{i}")
             )
@@ -223,19 +223,19 @@ class _Batch:
     def broken(self) -> bool:
         """Whether a request of the batch ended: no step can hold exactly ``size`` of them again.
         Raises the request's error if one failed (a dead engine): no waiting it out."""
-        for t in self.tasks:
+        for t in self._tasks:
             if t.done() and not t.cancelled() and t.exception() is not None:
                 raise RuntimeError(f"a profiling request failed: {t.exception()}")
-        return any(t.done() for t in self.tasks)
+        return any(t.done() for t in self._tasks)
 
     async def restart(self) -> None:
         await self.stop()
         self._start()
 
     async def stop(self) -> None:
-        for t in self.tasks:
+        for t in self._tasks:
             t.cancel()
-        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 MAX_RESTARTS = 3  # fresh batches one cell may start before it keeps what it has

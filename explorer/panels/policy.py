@@ -132,12 +132,13 @@ class PolicyPanel:
             api_name="policy_controls",
             show_progress="hidden",
         )
-        # a page opened while the engine was starting (a cold start) learns the policy once it is in force
-        self.synced = gr.State(False)
-        gr.Timer(1.0).tick(
+        # a page opened while the engine was starting (a cold start) learns the policy once it is
+        # in force; the timer then stops itself
+        self.sync_timer = gr.Timer(1.0)
+        self.sync_timer.tick(
             self.controls_once_in_force,
-            self.synced,
-            [self.policy, self.k, self.table, self.synced],
+            None,
+            [self.policy, self.k, self.table, self.sync_timer],
             show_progress="hidden",
         )
         gr.Timer(1.0).tick(
@@ -192,16 +193,16 @@ class PolicyPanel:
             shown[self.table] = table_value(spec.table)
         return shown
 
-    def controls_once_in_force(self, synced: bool) -> Any:
+    def controls_once_in_force(self) -> Any:
         """``controls_in_force`` for a page loaded before the start policy was in force (a cold
-        start): the first time the engine is ready, and never again, so a choice made on the page
-        is never undone. Not while measuring: the profiler's own K is in force then."""
-        if synced or self.backend.status().state != "ready":
+        start): the first time the engine is ready, then the timer stops, so a choice made on the
+        page is never undone. Not while measuring: the profiler's own K is in force then."""
+        if self.backend.status().state != "ready":
             return gr.skip()
         v = self.backend.policy_view()
         if v.profiling or (shown := self._in_force(v)) is None:
             return gr.skip()
-        return {**shown, self.synced: True}
+        return {**shown, self.sync_timer: gr.Timer(active=False)}
 
     def refresh(self, fg: str | None) -> dict[Component, Any]:
         v = self.backend.policy_view()

@@ -48,7 +48,8 @@ def tiny_config(tiny: TinyFamily, method: str, draft: str = "same", k: int = 3, 
     )
 
 
-KEPT_ENGINES = {("off", "same", 3), ("draft", "perturbed", 3)}  # (method, draft, k) asked for in several modules
+# (method, draft, k) asked for in several modules
+KEPT_ENGINES = frozenset({("off", "same", 3), ("draft", "perturbed", 3)})
 
 
 class EngineCache:
@@ -67,7 +68,7 @@ class EngineCache:
                 self._engines[key] = await LiveEngine.launch(cfg, resolve=Path)
             return self._engines[key]
 
-    async def close(self, keep: set[tuple] = frozenset()) -> None:
+    async def close(self, keep: frozenset[tuple] = frozenset()) -> None:
         async with self._lock:
             for key in [key for key in self._engines if key not in keep]:
                 await self._engines.pop(key).close()

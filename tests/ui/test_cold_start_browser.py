@@ -72,13 +72,8 @@ def test_the_page_measures_this_machine_before_it_says_ready(cold):
     assert any("cell" in s for s in measuring), measuring  # the cell being measured and the share done
     assert "K policy auto table" in said[-1], said[-1]  # the adaptive default is in force
     assert list((cache / "cost").glob("*.json")), "the measured cost model was not cached"
-    # the policy controls, built while nothing was in force, show the one that now is
     # the policy controls, built while nothing was in force, show the policy that now is
-    auto = pg.locator("#policy input[value=auto]")
-    for _ in range(30):
-        if auto.is_checked():
-            break
-        pg.wait_for_timeout(500)
+    playwright.expect(pg.locator("#policy input[value=auto]")).to_be_checked(timeout=15_000)
     checked = [r.get_attribute("value") for r in pg.locator("#policy input[type=radio]").all() if r.is_checked()]
     assert checked == ["auto"], checked
     # the step-time picture drew the measured cells
