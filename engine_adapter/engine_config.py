@@ -103,6 +103,11 @@ class EngineConfig:
     # With a K table and a draft model: skip the draft model's pass in steps with
     # K=0 (``idle_drafter.py``). vLLM's own behaviour (the pass always runs) is False.
     idle_drafter: bool = True
+    # With the idle drafter: the most tokens per step its draft model re-runs to catch requests up
+    # on the tokens it skipped at K=0 (a request whose hole is longer waits without drafts);
+    # 0 = never catch up (a request that lived through K=0 never drafts again); None = the
+    # plugin's default (``vllm_plugin.wire.DEFAULT_CATCH_UP_TOKENS``)
+    catch_up_tokens: int | None = None
     extra_args: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -119,6 +124,8 @@ class EngineConfig:
             self.k_table = validate_k_table(self.k_table)
         if self.k_max is not None and not self.k <= self.k_max <= 16:
             raise ValueError(f"k_max must be between K ({self.k}) and 16; got {self.k_max}")
+        if self.catch_up_tokens is not None and not 0 <= self.catch_up_tokens <= 4096:
+            raise ValueError(f"catch_up_tokens must be between 0 and 4096; got {self.catch_up_tokens}")
 
     @property
     def drafter_idles(self) -> bool:

@@ -93,9 +93,12 @@ class Step:
     tokens: list[Token] = field(default_factory=list)
     rejected: list[Token] = field(default_factory=list)
     finish_reason: str | None = None
-    # the draft model skipped this request at a K=0 step (an idle drafter), so
-    # from then on it gets no drafts whatever K is in force
+    # the draft model has a hole for this request, from a K=0 step it skipped (an idle
+    # drafter): it gets no drafts, whatever K is in force, until the hole is caught up
     drafter_idle: bool = False
+    # tokens the draft model re-ran for this request in this step to fill that hole
+    # (0: none); from the next step on it drafts again
+    caught_up: int = 0
 
 
 @dataclass(slots=True)

@@ -1,26 +1,27 @@
-"""Experiment: do a draft model's drafts still get accepted after the idle drafter skipped tokens?
+"""Experiment: are a draft model's drafts accepted as usual after the idle drafter skipped tokens?
 
-    .venv/bin/python scripts/drafter_holes.py [--prompts FILE] [--category code,story] [--gaps 0,2,8,24]
-        [--start 15] [--max-tokens 256] [--window 96] [--out steps.json]
+    .venv/bin/python scripts/drafter_holes.py [--mode catch-up|holes] [--prompts FILE]
+        [--category code,story] [--gaps 0,2,8,24] [--start 15] [--max-tokens 256] [--window 96]
+        [--out steps.json]
 
 Why: with the idle drafter (``engine_adapter/vllm_plugin/idle_drafter.py``) a request that
-lives through a K=0 step has holes in the draft model's KV cache, and the
-scheduler tap stops drafting for it for good. This measures what that rule
-gives up: the same requests are run again, once under a scheduler that lets
-them draft after the gap, holes and all.
+lives through a K=0 step has a hole in the draft model's KV cache. Two ways on:
 
-How: the packaged pair, one request at a time, greedy, ``ignore_eos``, live
-K=3. Per prompt, a control run keeps K=3 throughout; each other run sets K=0
-at step ``--start`` for ``gap`` steps, then K=3 again. The engine runs
-``HolesTapAsyncScheduler`` below: the tap's scheduler minus the rule
-that drops a request after a K=0 step. The output is greedy and lossless, so
-every run emits the same tokens (checked), and acceptance in the ``--window``
-tokens after the gap is compared with the control's acceptance at the same
-token positions.
+- ``catch-up`` (the plugin as shipped): when K is above 0 again the draft model re-runs the
+  missed tokens in its first pass (``catch_up.py``), and the request drafts from the next step;
+- ``holes`` (an experiment only): ``HolesTapAsyncScheduler`` below lets the request draft with
+  the hole, never caught up (drafts shaped by whatever the hole's KV holds).
 
-Bounded: one engine on 127.0.0.1, prompts x gaps requests of at most
-``--max-tokens`` tokens, stopped at the end. Report (JSON last line): per gap,
-accepted / drafted after the gap and in the control run over the same tokens.
+How: the packaged pair, one request at a time, greedy, ``ignore_eos``, live K=3. Per prompt, a
+reference run at K=0 throughout (the target alone: what speculation off writes), a control run
+at K=3 throughout, and runs that set K=0 at step ``--start`` for ``gap`` steps, then K=3 again.
+Every run must emit the reference's tokens (checked: the exit status is 1 where one differs),
+and acceptance in the ``--window`` tokens after the gap is compared with the control's
+acceptance at the same token positions.
+
+Bounded: one engine on 127.0.0.1, prompts x (gaps + 1) requests of at most ``--max-tokens``
+tokens, stopped at the end. Report (JSON last line): per gap, accepted / drafted after the gap
+and in the control run over the same tokens, their ratio, and the tokens caught up.
 """
 
 from __future__ import annotations
@@ -39,29 +40,34 @@ from engine_adapter.engine.live_engine import LiveEngine  # noqa: E402
 from engine_adapter.engine_config import EngineConfig  # noqa: E402
 from engine_adapter.records import RequestResult, Step  # noqa: E402
 from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler  # noqa: E402
+from engine_adapter.vllm_plugin.wire import DEFAULT_CATCH_UP_TOKENS  # noqa: E402
 
 K = 3
 
 
 class HolesTapAsyncScheduler(TapAsyncScheduler):
-    """The tap's scheduler, except that a request the idle drafter skipped keeps drafting."""
+    """The tap's scheduler, except that a request with a hole drafts with it (the run sets the
+    catch-up budget to 0, so the hole is never filled)."""
 
-    def schedule(self, *args, **kwargs):
-        self._drafter_lost.clear()  # no trim, and no "nobody can draft" rule
-        return super().schedule(*args, **kwargs)
+    def _trim_lost(self) -> None:
+        """Keep the drafts of requests with a hole."""
+
+    def _may_draft(self, request) -> bool:
+        return True  # no "nobody can draft" rule
 
 
 async def run_one(
     engine: LiveEngine, prompt: str, gap: int, start: int, max_tokens: int
 ) -> tuple[list[list[int]], list[int]]:
-    """One request; K=0 from step ``start`` for ``gap`` steps. Rows: [step, token position, K, drafted, accepted]."""
+    """One request; K=0 from step ``start`` for ``gap`` steps (0: the K set before, throughout).
+    Rows: [step, token position, K, drafted, accepted, caught_up]."""
     steps: list[Step] = []
     off_at = on_at = None
     async for item in engine.client.generate(prompt, max_tokens=max_tokens, temperature=0.0, ignore_eos=True):
         if isinstance(item, RequestResult):
             rows, pos = [], 0
             for s in steps:
-                rows.append([s.index, pos, s.k, s.num_drafted, s.accepted])
+                rows.append([s.index, pos, s.k, s.num_drafted, s.accepted, s.caught_up])
                 pos += len(s.emitted)
             return rows, item.token_ids
         steps.append(item)
@@ -91,6 +97,7 @@ def compare(runs: dict[int, list[list[int]]], window: int) -> dict[int, list[int
 
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("catch-up", "holes"), default="catch-up")
     ap.add_argument("--prompts", default=str(ROOT / "prompts" / "presets.jsonl"))
     ap.add_argument("--category", default="code", help="one or more, comma-separated")
     ap.add_argument("--gaps", default="0,2,8,24")
@@ -103,23 +110,23 @@ async def main() -> int:
     lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     categories = set(args.category.split(","))
     prompts = [d["prompt"] for d in lines if d.get("category") in categories]
-    cfg = EngineConfig(
-        method="draft",
-        k=K,
-        k_max=K,
-        extra_args=["--scheduler-cls", f"scripts.drafter_holes.{HolesTapAsyncScheduler.__name__}"],
-    )
-    engine = await LiveEngine.launch(cfg)
+    holes = args.mode == "holes"
+    scheduler = ["--scheduler-cls", f"scripts.drafter_holes.{HolesTapAsyncScheduler.__name__}"] if holes else []
+    engine = await LiveEngine.launch(EngineConfig(method="draft", k=K, k_max=K, extra_args=scheduler))
     totals: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
+    caught: dict[int, int] = collections.defaultdict(int)
     record, same = [], True
     try:
+        await engine.client.set_catch_up_tokens(0 if holes else DEFAULT_CATCH_UP_TOKENS)
         for n, prompt in enumerate(prompts):
-            runs, ref = {}, None
+            await engine.client.set_k(0)  # the reference: the target alone, as speculation off writes
+            _, ref = await run_one(engine, prompt, 0, args.start, args.max_tokens)
+            runs = {}
             for gap in gaps:
                 await engine.client.set_k(K)
                 runs[gap], ids = await run_one(engine, prompt, gap, args.start, args.max_tokens)
-                ref = ids if ref is None else ref
                 same &= ids == ref
+                caught[gap] += sum(r[5] for r in runs[gap])
                 record.append({"prompt": n, "gap": gap, "same_text": ids == ref, "steps": runs[gap]})
             for gap, c in compare(runs, args.window).items():
                 totals[gap] = [a + b for a, b in zip(totals[gap], c)]
@@ -129,14 +136,17 @@ async def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps(record))
     report = {
-        "same_text_everywhere": same,
+        "mode": args.mode,
+        "same_text_as_speculation_off": same,
         "by_gap": [
             {
                 "gap": g,
                 "after_rate": round(t[0] / max(t[1], 1), 3),
                 "control_rate": round(t[2] / max(t[3], 1), 3),
+                "ratio": round((t[0] / max(t[1], 1)) / max(t[2] / max(t[3], 1), 1e-9), 3),
                 "drafted_after": t[1],
                 "drafted_control": t[3],
+                "caught_up_tokens": caught[g],
             }
             for g, t in sorted(totals.items())
         ],

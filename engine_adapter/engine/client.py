@@ -167,6 +167,16 @@ class EngineClient:
         await self._control.send(encode_control(msg))
         self.controls_sent += 1
 
+    async def set_catch_up_tokens(self, tokens: int) -> None:
+        """The idle drafter's catch-up budget, live: the most tokens per step its draft model
+        re-runs for requests with a hole (0 = none: such a request never drafts again)."""
+        if self._control is None:
+            raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
+        if not 0 <= int(tokens) <= 4096:
+            raise ValueError(f"catch-up tokens must be between 0 and 4096; got {tokens}")
+        await self._control.send(encode_control({"catch_up": int(tokens)}))
+        self.controls_sent += 1
+
     async def close(self) -> None:
         if self._control is not None:
             self._control.close(0)

@@ -36,7 +36,7 @@ from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import PROJECT_ROOT
-from engine_adapter.vllm_plugin.wire import CONTROL_ADDR_ENV, TAP_ADDR_ENV
+from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 
 class EngineStartError(RuntimeError):
@@ -126,6 +126,9 @@ def engine_env(config: EngineConfig, tap_addr: str | None, control_addr: str | N
         env[TAP_ADDR_ENV] = tap_addr
     if control_addr:
         env[CONTROL_ADDR_ENV] = control_addr
+    env.pop(CATCH_UP_TOKENS_ENV, None)
+    if config.catch_up_tokens is not None:
+        env[CATCH_UP_TOKENS_ENV] = str(config.catch_up_tokens)
     return env
 
 

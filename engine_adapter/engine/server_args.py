@@ -73,5 +73,7 @@ def server_args(config: EngineConfig, target_dir: str, draft_dir: str | None, po
     if config.tap:
         args += ["--scheduler-cls", scheduler_class_path(config.async_scheduling)]
     if config.drafter_idles:
-        args += ["--worker-cls", IDLE_DRAFTER_WORKER]
+        # no prefix caching: a cached block's draft KV may hold a hole its writer never caught up,
+        # which another request would then draft from (docs/catch-up-design.md, section 7)
+        args += ["--worker-cls", IDLE_DRAFTER_WORKER, "--no-enable-prefix-caching"]
     return args + list(config.extra_args)

@@ -54,6 +54,7 @@ def make_step(
     text: IncrementalText,
     finish_reason: str | None = None,
     drafter_idle: bool = False,
+    caught_up: int = 0,
 ) -> Step:
     """One request's step as a ``Step``, its tokens and rejected drafts labelled (``provenance``)."""
     kinds = kinds_for_step(index, num_drafted, accepted, len(emitted))
@@ -97,6 +98,7 @@ def make_step(
         rejected=rejected,
         finish_reason=finish_reason,
         drafter_idle=drafter_idle,
+        caught_up=caught_up,
     )
 
 
@@ -131,6 +133,7 @@ async def steps_from_tap(
                 text,
                 r.finish_reason,
                 r.drafter_idle,
+                r.caught_up,
             )
             index += 1
             seen += len(r.emitted)

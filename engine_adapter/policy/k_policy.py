@@ -142,18 +142,21 @@ RECENT_PEAK_S = 2.0  # seconds
 def idle_drafter_k(k_policy: int, *, can_draft: bool, fresh: bool, k_at_recent_peak: int) -> int:
     """The K a step runs with under a table policy when the draft model idles at K = 0.
 
-    An idle drafter drops a request for good at its first K = 0 step, and it
-    engages a new request (runs the draft model's prefill over its prompt: about
-    as long as 2-4 decode steps on the packaged pair here) at its first step
-    with K > 0. So, beside the policy's K for the batch size:
-    - no request in the step can use a draft (``can_draft`` False: all dropped,
-      none new): K = 0, or the draft model would propose for nobody;
-    - a new request is to be prefilled (``fresh``) while the batch was larger a
-      moment ago and the policy's K at that size is 0 (``k_at_recent_peak``):
-      K = 0, since the load that just was is the best guess of the load to come,
-      and a drafter engaged now would most likely be dropped within a few steps,
-      its prefill paid for nothing (requests of one burst reach the engine a
-      step or two apart).
+    An idle drafter leaves a hole in a request's draft KV at each K = 0 step (no
+    drafts for it until the hole is caught up, and one longer than the per-step
+    catch-up budget never is), and it engages a request (runs the draft model's
+    prefill over a new prompt, or re-runs a hole: about as long as 2-4 decode
+    steps on the packaged pair here) at its first step with K > 0. So, beside the
+    policy's K for the batch size:
+    - no request in the step can use a draft (``can_draft`` False: none new, and
+      every running one with a hole too long to catch up): K = 0, or the draft
+      model would propose for nobody;
+    - a request is to be engaged (``fresh``: a new one, or a hole to catch up)
+      while the batch was larger a moment ago and the policy's K at that size is
+      0 (``k_at_recent_peak``): K = 0, since the load that just was is the best
+      guess of the load to come, and a drafter engaged now would most likely be
+      idled again within a few steps, its pass paid for nothing (requests of one
+      burst reach the engine a step or two apart).
     """
     if not can_draft:
         return 0

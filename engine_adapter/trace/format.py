@@ -61,6 +61,7 @@ def step_line(step: Step) -> dict[str, Any]:
         "t": step.t,
         "wall_s": step.wall_s,
         "drafter_idle": step.drafter_idle,
+        "caught_up": step.caught_up,
     }
 
 
@@ -229,6 +230,7 @@ def request_from_line(d: dict[str, Any]) -> RequestResult:
                 tokens=tokens,
                 rejected=rejected,
                 drafter_idle=bool(s.get("drafter_idle", False)),
+                caught_up=int(s.get("caught_up", 0)),
             )
         )
     if steps:

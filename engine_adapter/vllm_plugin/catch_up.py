@@ -1,6 +1,7 @@
 """Catching an idle draft model up on the tokens it skipped: its first pass's inputs, rewritten.
 
-Groundwork for the idle drafter (``idle_drafter.py``): after a K=0 step the draft model's KV
+For the idle drafter (``idle_drafter.py``, the worker's side) and the plugin's policy hooks
+(``policy_hooks.py``, the scheduler's side, which plans): after a K=0 step the draft model's KV
 cache misses the request's tokens of that step. When K is above 0 again, the missed tokens are
 put in front of the request's segment of the draft model's first pass, so the pass writes their
 KV before anything reads it. Why whole ranges, why in front, and where vLLM 0.32 takes these
@@ -44,6 +45,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+# The scheduler-worker side channel (extra attributes, pickled with the objects vLLM sends):
+PLAN_ATTR = "spec_explorer_catch_up_plan"  # on SchedulerOutput: {request id: (first position, count)}
+APPLIED_ATTR = "spec_explorer_caught_up"  # on ModelRunnerOutput: {request id: tokens re-run}
 
 
 @dataclass(frozen=True)

@@ -1,37 +1,52 @@
-"""Idle drafter: a draft model that does no work in steps where K = 0.
+"""Idle drafter: a draft model that does no work in steps where K = 0, and catches up after.
 
 vLLM runs a draft model's first pass every step, whatever K the batch-size
 table gives, so that the drafter's KV cache keeps up with the target's and it
 can resume drafting at any moment (measured: K = 0 did not give the draft
 model's cost back, docs/k-policies.md; on this CPU it cost 25-30 % against no speculation). This
-module trades that readiness for the cost:
+module trades that readiness for the cost, and buys it back when drafting pays again:
 
 - the worker (``IdleDrafterWorker``, loaded inside vLLM's worker process with
-  ``--worker-cls`` ``paths.IDLE_DRAFTER_WORKER``) skips the
-  drafter's forward pass whenever the step asks for 0 draft tokens, returning
-  the same empty ``(batch, 0)`` proposal vLLM returns after that pass;
-- the requests of such a step are then out of step with the drafter (its KV
-  cache misses their tokens), so the plugin's policy hooks (``policy_hooks.py``)
-  marks them and trims their drafts to nothing for the rest of their lives.
-  Their drafts would be guesses from a cache with holes; the target still
-  verifies every token, so output is unchanged either way (lossless), and not
-  verifying them saves the verify cost too.
+  ``--worker-cls`` ``paths.IDLE_DRAFTER_WORKER``) skips the drafter's forward pass
+  whenever the step asks for 0 draft tokens, returning the same empty
+  ``(batch, 0)`` proposal vLLM returns after that pass;
+- the requests of such a step then have a hole in the draft model's KV cache. The
+  plugin's policy hooks (``policy_hooks.py``, in the scheduler) keep each hole, trim
+  the request's drafts while it lasts (drafts made from a hole never reach anyone)
+  and, in a later step with K > 0, plan its catch-up on the ``SchedulerOutput``
+  (``catch_up.PLAN_ATTR``: request id -> (first position, count));
+- in that step's first draft pass the worker puts the request's missed tokens in
+  front of its segment (``catch_up.prepend_catch_up``: the pass writes their KV
+  before anything reads it) and reports what it re-ran on the ``ModelRunnerOutput``
+  (``catch_up.APPLIED_ATTR``); the scheduler closes those holes. A planned range
+  that does not check out (position mismatch, no room in the drafter's buffers,
+  the pass not run) is simply not reported: the hole stays, conservatively.
 
-New requests prefilled in a step with K > 0 draft normally. Catching a stale
-request's drafter cache up (re-running its missed tokens) would let it draft
-again; that is not done here.
+Output is unchanged either way (lossless: the target verifies every draft).
+Where vLLM 0.32 takes these inputs and why the rewrite has this shape:
+``docs/catch-up-design.md``. Draft models only: an EAGLE head would need the
+target's hidden states at the missed positions, which nobody kept, so its holes
+are never planned (the scheduler plans only for draft models).
 
 This module pins vLLM internals (tested with vllm 0.32.0): the model runner's
-``drafter.propose(num_speculative_tokens=..., common_attn_metadata=..., ...)``.
+``drafter.propose(num_speculative_tokens=..., target_token_ids=...,
+target_positions=..., common_attn_metadata=..., ...)`` (all by keyword),
+``model_runner.propose_draft_token_ids(scheduler_output, ...)`` and
+``input_batch.token_ids_cpu`` / ``req_ids``.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from vllm.platforms import current_platform
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, MissedRange, prepend_catch_up
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
@@ -40,17 +55,83 @@ else:
 
 logger = logging.getLogger("vllm").getChild("idle_drafter")  # vLLM's handlers print it in its log
 
+PADDING_SLOT_ID = -1  # vLLM's (v1/spec_decode/utils.py): the first pass recomputes every slot
 
-def skip_at_zero(drafter) -> None:
-    """Wrap one drafter instance's ``propose`` so that K = 0 runs no forward pass."""
+
+@dataclass
+class StepCatchUp:
+    """The catch-up of the step in progress: planned by the scheduler, applied by the drafter."""
+
+    plan: dict[str, tuple[int, int]] | None = None  # request id -> (first position, count)
+    applied: dict[str, int] = field(default_factory=dict)  # request id -> tokens re-run
+
+
+def rewrite_first_pass(kwargs: dict, plan: dict[str, tuple[int, int]], input_batch, drafter) -> tuple[dict, dict]:
+    """``propose``'s keyword arguments with the planned ranges in front of their segments,
+    and {request id: tokens prepended}. Unchanged arguments and {} where nothing applies."""
+    cad = kwargs["common_attn_metadata"]
+    ids_t, pos_t = kwargs["target_token_ids"], kwargs["target_positions"]
+    if pos_t.dim() != 1:  # M-RoPE positions: not a layout catch_up knows
+        return kwargs, {}
+    b, t = cad.num_reqs, cad.num_actual_tokens
+    qsl = cad.query_start_loc_cpu[: b + 1].numpy()
+    ids, pos = ids_t[:t].cpu().numpy(), pos_t[:t].cpu().numpy()
+    missed: list[MissedRange | None] = [None] * b
+    for r, rid in enumerate(input_batch.req_ids[:b]):
+        if rid in plan and qsl[r + 1] > qsl[r]:
+            first, n = plan[rid]
+            if first + n == int(pos[qsl[r]]):  # the range ends just before the segment
+                missed[r] = MissedRange(first, input_batch.token_ids_cpu[r, first : first + n].copy())
+    room = drafter.max_num_tokens - t - b * drafter.net_num_new_slots_per_request  # its buffers' sizes
+    cu = prepend_catch_up(ids, pos, qsl, missed, max(min(sum(n for _, n in plan.values()), room), 0))
+    if not cu.caught_up.any():
+        return kwargs, {}
+    dev = ids_t.device
+    total = cu.num_actual_tokens
+    qsl_cpu = torch.from_numpy(cu.query_start_loc.astype(np.int32))  # [B+1]
+    new_cad = cad.replace(
+        query_start_loc=qsl_cpu.to(dev, copy=True),
+        query_start_loc_cpu=qsl_cpu,
+        num_actual_tokens=total,
+        max_query_len=cu.max_query_len,
+        slot_mapping=torch.full((total,), PADDING_SLOT_ID, dtype=cad.slot_mapping.dtype, device=dev),
+        positions=None,
+        _num_computed_tokens_cache=None,
+        _token_to_req_indices_cache=None,
+    )
+    hidden = kwargs.get("target_hidden_states")
+    if hidden is not None:  # unread by a draft model; kept the right shape, [T', H]
+        hidden = hidden[torch.from_numpy(np.maximum(cu.source_index, 0)).to(hidden.device)]
+    rewritten = {
+        **kwargs,
+        "target_token_ids": torch.from_numpy(cu.token_ids).to(dev),  # [T'] int32
+        "target_positions": torch.from_numpy(cu.positions).to(dev),  # [T'] int64
+        "target_hidden_states": hidden,
+        "common_attn_metadata": new_cad,
+    }
+    applied = {input_batch.req_ids[r]: int(c) for r, c in enumerate(cu.caught_up) if c}
+    return rewritten, applied
+
+
+def skip_at_zero(drafter, model_runner, step: StepCatchUp) -> None:
+    """Wrap one drafter instance's ``propose``: K = 0 runs no forward pass; K > 0 catches up."""
     propose = drafter.propose
     skipped = 0
+    failed = 0
 
     @functools.wraps(propose)
     def propose_or_idle(*args, **kwargs):
-        nonlocal skipped
+        nonlocal skipped, failed
         k = kwargs["num_speculative_tokens"] if "num_speculative_tokens" in kwargs else args[0]
         if k != 0:
+            if step.plan and not args:
+                try:
+                    kwargs, step.applied = rewrite_first_pass(kwargs, step.plan, model_runner.input_batch, drafter)
+                except Exception:  # never stop the engine: the holes stay, the pass runs as vLLM's
+                    failed += 1
+                    if failed == 1:
+                        logger.exception("idle drafter: a catch-up failed; the requests keep their holes")
+                    step.applied = {}
             return propose(*args, **kwargs)
         skipped += 1
         if skipped == 1:
@@ -65,8 +146,27 @@ def skip_at_zero(drafter) -> None:
     drafter.propose = propose_or_idle
 
 
+def plan_from_scheduler_output(model_runner, step: StepCatchUp) -> None:
+    """Wrap the runner's ``propose_draft_token_ids``: the step's plan rides on its ``scheduler_output``."""
+    propose_draft_token_ids = model_runner.propose_draft_token_ids
+
+    @functools.wraps(propose_draft_token_ids)
+    def with_plan(scheduler_output, *args, **kwargs):
+        step.plan = getattr(scheduler_output, PLAN_ATTR, None)
+        try:
+            return propose_draft_token_ids(scheduler_output, *args, **kwargs)
+        finally:
+            step.plan = None
+
+    model_runner.propose_draft_token_ids = with_plan
+
+
 class IdleDrafterWorker(_PlatformWorker):
     """The platform's vLLM worker, with the drafter idle at K = 0 (see the module docstring)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._catch_up = StepCatchUp()
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -74,5 +174,15 @@ class IdleDrafterWorker(_PlatformWorker):
         spec = self.vllm_config.speculative_config
         # model drafters only, by vLLM's own test (an ngram drafter costs nothing at K=0)
         if drafter is not None and spec is not None and (spec.uses_draft_model() or spec.use_eagle()):
-            skip_at_zero(drafter)
+            skip_at_zero(drafter, self.model_runner, self._catch_up)
+            plan_from_scheduler_output(self.model_runner, self._catch_up)
             logger.info("idle drafter: %s skips its pass in steps with K=0", type(drafter).__name__)
+
+    def sample_tokens(self, grammar_output):
+        step = self._catch_up
+        step.applied = {}
+        out = super().sample_tokens(grammar_output)
+        if step.applied and isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT:
+            setattr(out, APPLIED_ATTR, dict(step.applied))  # pickled back to the scheduler
+        step.applied = {}
+        return out

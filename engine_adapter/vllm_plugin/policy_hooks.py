@@ -9,8 +9,12 @@ Contract: ``PolicyHooksMixin`` goes before ``tap.TapMixin`` on a vLLM v1 schedul
   the slot auction, which trims each running request's drafts to the slots it
   admits (``policy.k_policy.auction``) and sets how deep the drafter proposes next;
 - with the idle drafter (``idle_drafter.py``, named by vLLM's ``worker_cls``) it
-  trims the drafts of requests whose drafter skipped a K=0 step (the drop rule)
-  and corrects a table policy's K where ``policy.k_policy.idle_drafter_k`` says so.
+  keeps, per request, the hole a K=0 step left in the draft model's KV cache
+  (``catch_up.Missed``), plans each K>0 step's catch-up (whole holes, oldest first,
+  within ``SPEC_EXPLORER_CATCH_UP_TOKENS`` and the step's token budget) on the
+  ``SchedulerOutput`` for the worker, reads back what the worker re-ran, trims the
+  drafts of requests still holed (drafts made from a hole never reach anyone), and
+  corrects a table policy's K where ``policy.k_policy.idle_drafter_k`` says so.
 
 It feeds the observing half through the tap's hooks: per-request verdicts go to the
 auction's ``SlotEstimator``, and each step's auction decision and the count of
@@ -33,8 +37,14 @@ from engine_adapter.acceptance import SlotEstimator
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS, auction, best_ceiling, idle_drafter_k
 from engine_adapter.records import visitor_count
+from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, Missed, select_within_budget, update_missed
 from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER
-from engine_adapter.vllm_plugin.wire import CONTROL_ADDR_ENV, decode_control
+from engine_adapter.vllm_plugin.wire import (
+    CATCH_UP_TOKENS_ENV,
+    CONTROL_ADDR_ENV,
+    DEFAULT_CATCH_UP_TOKENS,
+    decode_control,
+)
 
 
 class PolicyHooksMixin:
@@ -50,9 +60,17 @@ class PolicyHooksMixin:
         self._auction_cost: CostModel | None = None
         self._decisions: dict[int, list] = {}  # id(scheduler_output) -> the auction's decision
         # requests whose draft model skipped their tokens at a K=0 step (idle_drafter.py):
-        # its cache has holes for them, so they are never drafted again
+        # its cache has a hole for them; they draft nothing until the worker re-ran it
         self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
-        self._drafter_lost: set[str] = set()
+        self._missed: dict[str, Missed] = {}
+        spec = self.vllm_config.speculative_config
+        # draft models only: an EAGLE head would need the target's hidden states at the missed tokens
+        self._draft_model = spec is not None and spec.uses_draft_model()
+        budget = int(os.environ.get(CATCH_UP_TOKENS_ENV, DEFAULT_CATCH_UP_TOKENS))
+        self._catch_up_tokens = max(budget, 0) * self._draft_model
+        self._plans: dict[int, dict[str, tuple[int, int]]] = {}  # id(scheduler_output) -> its catch-up plan
+        self._caught_up_now: dict[str, int] = {}  # request -> tokens re-run in the step being published
+        self._steps_scheduled = 0
         # (monotonic s, batch size) of the last steps, for k_policy.idle_drafter_k
         self._recent_batches: deque[tuple[float, int]] = deque(maxlen=RECENT_PEAK_STEPS)
         if control and self.dynamic_sd_lookup is not None:
@@ -81,6 +99,8 @@ class PolicyHooksMixin:
                     self._estimator.prior = float(a.get("prior", self._estimator.prior))
                     self._estimator.strength = float(a.get("strength", self._estimator.strength))
                     self._auction_cost = cost
+                elif "catch_up" in msg:
+                    self._catch_up_tokens = max(int(msg["catch_up"]), 0) * self._draft_model
             except (ValueError, TypeError, KeyError):
                 pass  # the adapter validates first; a bad command must never stop the engine
             self._controls_applied += 1
@@ -112,11 +132,13 @@ class PolicyHooksMixin:
         fresh, b = self._step_batch()
         # the ceiling pays off only for requests that can draft: not those an idle drafter
         # dropped, and the new ones at the pooled estimate (so drafting resumes when load falls)
-        able = [r for r in self.running if r.request_id not in self._drafter_lost] + fresh
+        able = [r for r in self.running if self._may_draft(r)] + fresh
         full = {r.request_id: est.scores(r.request_id, self.num_spec_tokens) for r in able}
-        # engaging a new request's drafter is priced at the load that just was, as the
-        # table policies do (k_policy.idle_drafter_k): its prefill pays back over many steps
-        b_priced = self._recent_peak(b) if fresh and self._idle_drafter else b
+        # engaging a request's drafter (a new one's prefill, a holed one's catch-up) is priced at
+        # the load that just was, as the table policies do (k_policy.idle_drafter_k): it pays back
+        # over many steps
+        engaging = bool(fresh) or any(r.request_id in self._missed for r in able)
+        b_priced = self._recent_peak(b) if engaging and self._idle_drafter else b
         ceiling = best_ceiling(full, cost, b_priced)[0] if full else 0
         self.dynamic_sd_lookup = [ceiling] * len(self.dynamic_sd_lookup)
         drafting = [r for r in self.running if r.spec_token_ids]  # lost ones were trimmed already
@@ -145,18 +167,69 @@ class PolicyHooksMixin:
         return max([b] + [n for t, n in self._recent_batches if t >= since])
 
     def _trim_lost(self) -> None:
-        """No drafts for requests the idle drafter skipped (a new list: async placeholders are shared)."""
+        """No drafts for requests with a hole (a new list: async placeholders are shared)."""
         for r in self.running:
-            if r.spec_token_ids and r.request_id in self._drafter_lost:
+            if r.spec_token_ids and r.request_id in self._missed:
                 r.spec_token_ids = []
+
+    def _may_draft(self, request) -> bool:
+        """No hole, or one the next step can catch up (it fits the per-step budget)."""
+        m = self._missed.get(request.request_id)
+        if m is None:
+            return True
+        m = m.refreshed(request.num_computed_tokens)
+        return m is None or m.count <= self._catch_up_tokens
+
+    def _track_holes(self, out) -> None:
+        """After vLLM scheduled a step: open or grow holes at K=0, plan their catch-up at K>0."""
+        self._steps_scheduled += 1
+        starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+        ran = out.num_spec_tokens_to_schedule > 0
+        if not ran:
+            for rid, n in out.num_scheduled_tokens.items():
+                self._missed[rid] = update_missed(
+                    self._missed.get(rid),
+                    segment_start=starts[rid],
+                    num_scheduled=n,
+                    drafter_ran=False,
+                    caught_up=False,
+                    step=self._steps_scheduled,
+                )
+            return
+        holed = []
+        for rid in out.num_scheduled_tokens:
+            if rid in self._missed:
+                m = self._missed[rid].refreshed(starts[rid])
+                if m is None:  # recomputed from before its hole (preempted): this pass rewrites it
+                    del self._missed[rid]
+                else:
+                    self._missed[rid] = m
+                    holed.append((rid, m))
+        if not holed or not self._catch_up_tokens:
+            return
+        # what the scheduler left of the step's token budget (a draft model takes one slot a request)
+        slack = (
+            self.scheduler_config.max_num_batched_tokens
+            - out.total_num_scheduled_tokens
+            - len(out.num_scheduled_tokens) * self.vllm_config.speculative_config.max_num_new_slots_for_drafting
+        )
+        budget = max(min(self._catch_up_tokens, slack), 0)
+        take = select_within_budget([m.count for _, m in holed], [m.since_step for _, m in holed], budget)
+        plan = {rid: (m.first, m.count) for (rid, m), t in zip(holed, take) if t}
+        if plan:
+            setattr(out, PLAN_ATTR, plan)
+            self._plans[id(out)] = plan
 
     def _idle_drafter_lookup(self, lookup: list[int]) -> list[int] | None:
         """A table policy's K for this step, corrected for what an idle drafter costs
         (k_policy.idle_drafter_k); None when it stands."""
         fresh, b = self._step_batch()
         peak = min(self._recent_peak(b), len(lookup) - 1)
-        can_draft = bool(fresh) or any(r.request_id not in self._drafter_lost for r in self.running)
-        k = idle_drafter_k(lookup[b], fresh=bool(fresh), k_at_recent_peak=lookup[peak], can_draft=can_draft)
+        able = [r for r in self.running if self._may_draft(r)]
+        engaging = bool(fresh) or any(r.request_id in self._missed for r in able)  # a prefill or a catch-up
+        k = idle_drafter_k(lookup[b], fresh=engaging, k_at_recent_peak=lookup[peak], can_draft=bool(fresh or able))
         return [k] * len(lookup) if k != lookup[b] else None  # for this step only
 
     # --- vLLM's scheduler API ---------------------------------------------------
@@ -183,11 +256,25 @@ class PolicyHooksMixin:
         # K=0) is no guide to the visitor who comes next, and would keep that visitor from drafting
         if self._idle_drafter and (visitors := visitor_count(out.num_scheduled_tokens)):
             self._recent_batches.append((time.monotonic(), visitors))
-        if self._idle_drafter and out.num_spec_tokens_to_schedule == 0:
-            self._drafter_lost.update(out.num_scheduled_tokens)  # the drafter skips this step
+        if self._idle_drafter:
+            self._track_holes(out)
         if decision is not None and self.tap_enabled:
             self._decisions[id(out)] = decision
         return out
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        """The worker says which planned holes it re-ran (``catch_up.APPLIED_ATTR``); those close."""
+        plan = self._plans.pop(id(scheduler_output), None)
+        if plan:
+            applied = getattr(model_runner_output, APPLIED_ATTR, None) or {}
+            for rid, (_first, count) in plan.items():
+                if applied.get(rid) == count:
+                    self._missed.pop(rid, None)
+                    self._caught_up_now[rid] = count
+        try:
+            return super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self._caught_up_now.clear()
 
     def shutdown(self) -> None:
         if self._control is not None:
@@ -198,16 +285,20 @@ class PolicyHooksMixin:
     def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool) -> bool:
         if num_drafted:
             self._estimator.observe(req_id, num_drafted, accepted)
-        lost = req_id in self._drafter_lost
+        lost = req_id in self._missed
         if finished:
             self._estimator.forget(req_id)
-            self._drafter_lost.discard(req_id)
+            self._missed.pop(req_id, None)
         return lost
+
+    def _caught_up(self, req_id: str) -> int:
+        return self._caught_up_now.get(req_id, 0)
 
     def _step_decision(self, scheduler_output) -> list | None:
         return self._decisions.pop(id(scheduler_output), None)
 
     def _forget_gone(self) -> None:
-        self._drafter_lost &= self.requests.keys()  # (the idle drafter needs the tap)
+        for rid in [r for r in self._missed if r not in self.requests]:  # (the idle drafter needs the tap)
+            del self._missed[rid]
         for rid in [r for r in self._estimator.per_request if r not in self.requests]:
             self._estimator.forget(rid)

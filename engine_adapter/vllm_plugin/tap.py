@@ -15,9 +15,10 @@ blocks the engine: if no reader keeps up, messages are dropped and counted. The
 tap's own time per step is measured and sent with the next step, so its overhead
 is a measured number, not a claim.
 
-What the policy half (``policy_hooks.py``) adds to a message comes through four
+What the policy half (``policy_hooks.py``) adds to a message comes through five
 hooks with neutral defaults here: ``_observe_request`` (each request's verdict;
-returns whether its drafter is idle), ``_step_decision`` (the slot auction's
+returns whether its drafter is idle), ``_caught_up`` (tokens the draft model re-ran
+for it in the step), ``_step_decision`` (the slot auction's
 decision for the step), ``_controls_applied`` (control commands applied so far)
 and ``_forget_gone`` (housekeeping for requests vLLM no longer holds).
 
@@ -81,6 +82,10 @@ class TapMixin:
     def _step_decision(self, scheduler_output) -> list | None:
         return None
 
+    def _caught_up(self, req_id: str) -> int:
+        """Tokens the draft model re-ran for the request in the step being published."""
+        return 0
+
     def _forget_gone(self) -> None:
         pass
 
@@ -127,8 +132,8 @@ class TapMixin:
 
     # --- the message ----------------------------------------------------------
     def _request_rows(self, scheduler_output, num_sampled: dict[str, int], result) -> list[list]:
-        """[engine_request_id, drafted, accepted, emitted, finish_reason, num_prompt_tokens, drafter_idle]
-        per scheduled request (``wire.py``)."""
+        """[engine_request_id, drafted, accepted, emitted, finish_reason, num_prompt_tokens, drafter_idle,
+        caught_up] per scheduled request (``wire.py``)."""
         # ids appended to each request's output this step, after stop checks
         emitted: dict[str, tuple[list[int], str | None]] = {}
         for outs in result.values():
@@ -147,7 +152,7 @@ class TapMixin:
             idle = self._observe_request(req_id, len(drafted), accepted, reason is not None)
             request = self.requests.get(req_id)
             n_prompt = request.num_prompt_tokens if request is not None else 0
-            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle])
+            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle, self._caught_up(req_id)])
         return rows
 
     def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result) -> None:

@@ -21,9 +21,11 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
                (live K policies' commands and the slot auction included)
 - dropped:     messages dropped so far because no reader kept up
 - reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
-               finish_reason_or_None, num_prompt_tokens, drafter_idle]
-               (drafter_idle: the draft model skipped this request at a K=0
-               step, so it drafts nothing for it any more; see idle_drafter.py)
+               finish_reason_or_None, num_prompt_tokens, drafter_idle, caught_up]
+               (drafter_idle: the draft model has a hole for this request, from a
+               K=0 step it skipped, so it drafts nothing for it until caught up;
+               caught_up: tokens the draft model re-ran for it in this step to
+               fill that hole, 0 otherwise; see idle_drafter.py and catch_up.py)
 - controls:    control messages applied so far (an acknowledgement: the step
                that first carries n was scheduled under the n-th command)
 - auction:     None, or the slot auction's decision for this step:
@@ -42,7 +44,12 @@ TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 #   {"table": [[start_bs, end_bs, K], ...]}   replace the batch-size -> K table live
 #   {"auction": {"cost": CostModel.to_dict(), "prior": p, "strength": m}}
 #                                             the slot auction (K = k_max, trimmed per request)
+#   {"catch_up": n}                           the idle drafter's catch-up budget, tokens per step
 CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"
+# With the idle drafter: the most tokens per step the draft model re-runs to catch a request up
+# on the tokens it skipped at K=0 (``catch_up.py``); 0 = never (the request stops drafting)
+CATCH_UP_TOKENS_ENV = "SPEC_EXPLORER_CATCH_UP_TOKENS"
+DEFAULT_CATCH_UP_TOKENS = 128  # a long prompt's draft prefill: about 1.3-1.9 s of the packaged 0.5B on 2 CPU cores
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +61,7 @@ class TapRequestStep:
     finish_reason: str | None
     num_prompt_tokens: int
     drafter_idle: bool = False
+    caught_up: int = 0  # tokens the draft model re-ran for it this step (its KV hole filled)
 
 
 @dataclass(frozen=True, slots=True)

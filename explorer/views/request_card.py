@@ -50,15 +50,31 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
         f"- num_spec_steps **{m['num_spec_steps']}** verify steps · drafted **{m['num_draft_tokens']}** · "
         f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**{_k_in_force(result, k)}.",
     ]
-    idle = next((s for s in result.steps if s.drafter_idle), None)
-    if idle is not None:
-        lines.append(
-            f"- **drafter idle from step {idle.index}**: the load put K at 0, the draft model skipped this "
-            f"request to save its cost, and it drafts nothing more for it (the last "
-            f"{sum(len(s.emitted) for s in result.steps if s.index >= idle.index)} tokens came from the target "
-            "alone). New requests draft again when K comes back."
-        )
+    lines += _drafter_holes(result.steps)
     return "\n\n".join(lines[:1]) + "\n\n" + "\n".join(lines[1:])
+
+
+def _drafter_holes(steps: Sequence[Step]) -> list[str]:
+    """Per hole an idle draft model left in this request: when it opened, and when it was caught
+    up (or that it never was)."""
+    lines, opened = [], None
+    for s in steps:
+        if s.drafter_idle and opened is None:
+            opened = s.index
+        if s.caught_up:
+            since = f" (K was 0 at step {opened}: the draft model skipped this request)" if opened is not None else ""
+            lines.append(
+                f"- **drafter caught up {s.caught_up} tokens at step {s.index}**{since}: it re-ran the tokens it "
+                f"had missed, and drafts for this request again from step {s.index + 1}."
+            )
+            opened = None
+    if opened is not None:
+        lines.append(
+            f"- **drafter idle from step {opened}**: the load put K at 0, the draft model skipped this request "
+            f"to save its cost and had not caught up when the request ended (the last "
+            f"{sum(len(s.emitted) for s in steps if s.index >= opened)} tokens came from the target alone)."
+        )
+    return lines
 
 
 def _k_in_force(result: RequestResult, num_spec_tokens: int) -> str:

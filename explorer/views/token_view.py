@@ -76,7 +76,9 @@ def _tip(tok: Token, step: Step) -> str:
     if step.drafted is None and step.num_drafted:
         lines.append("(attached server: draft ids unknown, counts only)")
     if step.drafter_idle:
-        lines.append("drafter idle for this request: it skipped the request at a K=0 step, so no drafts")
+        lines.append("drafter idle for this request: it skipped the request at a K=0 step; no drafts until caught up")
+    if step.caught_up:
+        lines.append(f"drafter caught up {step.caught_up} tokens at step {step.index}: drafts again from the next step")
     return inert("\n".join(lines))
 
 

@@ -11,8 +11,9 @@ import pytest_asyncio
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import k_for_batch_size
 from engine_adapter.policy.cost_model import CostModel
-from engine_adapter.policy.k_policy import RECENT_PEAK_S
+from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS
 from engine_adapter.service.load import BackgroundLoad
+from engine_adapter.vllm_plugin.wire import DEFAULT_CATCH_UP_TOKENS
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 from tests.support.fixtures import tiny_config
 
@@ -215,7 +216,7 @@ async def test_the_auction_runs_on_the_sync_ngram_drafter(live_ngram, engines):
     assert auction_steps(steps), "no step ran under the auction"
 
 
-# --- the idle drafter: no draft-model pass at K=0, and no drafts after it for the requests it skipped
+# --- the idle drafter: no draft-model pass at K=0, a hole in the draft KV after it, caught up later
 
 
 async def _steps_of(engine, prompt: str, max_tokens: int):
@@ -224,49 +225,84 @@ async def _steps_of(engine, prompt: str, max_tokens: int):
     return r
 
 
-async def test_an_idle_drafter_skips_k0_steps_and_stays_lossless(live_engine, engines):
+def _seen(r) -> list[tuple]:
+    return [(s.index, s.batch_size, s.k, s.num_drafted, s.accepted, s.drafter_idle, s.caught_up) for s in r.steps]
+
+
+def _check_caught_up_once(r, opened_at: int) -> int:
+    """The hole opened at step ``opened_at`` is caught up in one step, exactly over the positions
+    between (a decode step moves the segment start by the tokens it emits; the prefill, by the
+    prompt); no drafts until then; drafts from the next step on, all kept (the draft model is the
+    target). Returns the catch-up step."""
+    catch = [s for s in r.steps if s.caught_up]
+    assert len(catch) == 1, _seen(r)
+    at = catch[0].index
+    assert at > opened_at, _seen(r)
+    prefill = r.num_prompt_tokens - 1 if opened_at == 0 else 0  # step 0 computed the prompt, emitted 1
+    assert catch[0].caught_up == prefill + sum(len(s.emitted) for s in r.steps if opened_at <= s.index < at), _seen(r)
+    holed = [s for s in r.steps if opened_at <= s.index < at]
+    assert all(s.drafter_idle and s.num_drafted == 0 for s in holed), _seen(r)
+    after = [s for s in r.steps if s.index > at]
+    assert after and not any(s.drafter_idle for s in after), _seen(r)
+    drafted, accepted = sum(s.num_drafted for s in after), sum(s.accepted for s in after)
+    # a wrong draft KV after the catch-up would show here: the same model then guesses wrong
+    assert drafted > 0 and accepted >= 0.95 * drafted, (drafted, accepted, _seen(r))
+    return at
+
+
+@pytest.mark.parametrize("catch_up_tokens", [DEFAULT_CATCH_UP_TOKENS, 0])
+async def test_an_idle_drafter_skips_k0_steps_and_catches_up_after(live_engine, engines, catch_up_tokens):
+    """K=0 while two requests run, K=4 when one is left: the long one's draft model skipped the
+    shared steps; it catches them up and drafts again, or, with no catch-up budget, never drafts
+    again (and the step runs at K=0: nobody can use a draft)."""
     assert live_engine.process.config.drafter_idles
     plain = await engines.get("off")
     long_ref = await run(plain, PROMPTS[0], max_tokens=400)
     short_ref = await run(plain, PROMPTS[1], max_tokens=8)
-    # K=0 while two requests run, K=4 when one is left; sent together, they share steps
+    await live_engine.client.set_catch_up_tokens(catch_up_tokens)
     await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
     long, short = await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 400), _steps_of(live_engine, PROMPTS[1], 8))
-    assert long.token_ids == long_ref.token_ids and short.token_ids == short_ref.token_ids
-    # a step shared by both ran at K=0, so the drafter skipped them: flagged, and never drafted again
+    assert long.token_ids == long_ref.token_ids and short.token_ids == short_ref.token_ids  # lossless
     shared = [s for s in long.steps if s.batch_size >= 2]
     assert shared and all(s.k == 0 for s in shared)
-    lost_at = next(s.index for s in long.steps if s.drafter_idle)
-    assert lost_at <= shared[0].index + 1
-    # left alone it cannot draft, and no one else in the step can: the table's K=4 would only
-    # run the draft model's pass for nothing, so the step runs at K=0 and the drafter skips it
-    alone_after = [s for s in long.steps if s.index > shared[-1].index + 1 and s.batch_size == 1]
-    assert alone_after and all(s.k == 0 for s in alone_after), [(s.index, s.batch_size, s.k) for s in long.steps]
-    assert all(s.num_drafted == 0 and s.drafter_idle for s in alone_after)
-    # a request that starts alone drafts at K=4 again, from a drafter cache that is whole
+    opened_at = next(s.index for s in long.steps if s.drafter_idle)
+    assert opened_at <= shared[0].index + 1
+    if catch_up_tokens:
+        assert _check_caught_up_once(long, opened_at) > shared[-1].index
+    else:
+        alone_after = [s for s in long.steps if s.index > shared[-1].index + 1 and s.batch_size == 1]
+        assert alone_after and all(s.k == 0 for s in alone_after), _seen(long)
+        assert all(s.num_drafted == 0 and s.drafter_idle for s in alone_after)
+        assert not any(s.caught_up for s in long.steps)
+    # a request that starts alone drafts at K=4, from a drafter cache that is whole
     fresh = await _steps_of(live_engine, PROMPTS[2], 24)
-    assert not any(s.drafter_idle for s in fresh.steps), [
-        (s.index, s.batch_size, s.k, s.num_drafted, s.drafter_idle) for s in fresh.steps
-    ]
+    assert not any(s.drafter_idle or s.caught_up for s in fresh.steps), _seen(fresh)
     assert sum(s.num_drafted for s in fresh.steps) > 0 and sum(s.accepted for s in fresh.steps) > 0
     log = live_engine.process.log_path.read_text(errors="replace")
     assert "skips its pass in steps with K=0" in log and "the draft model's pass is skipped" in log
+    assert "a catch-up failed" not in log
+    await live_engine.client.set_catch_up_tokens(DEFAULT_CATCH_UP_TOKENS)
 
 
-async def test_the_auction_drafts_again_for_new_requests_when_the_load_falls(live_engine, engines):
-    """Drafting pays at one request, not at two (the drafter's first pass costs 0.25 s per request)."""
+async def test_the_auction_drafts_again_when_the_load_falls(live_engine, engines):
+    """Drafting pays at one request, not at two (the drafter's first pass costs 0.25 s per
+    request): the pair runs without drafts; the long one, left alone, catches its hole up and
+    drafts again (with a budget that fits its whole hole), and a new request drafts from the start."""
     plain = await engines.get("off")
     refs = [await run(plain, p, max_tokens=n) for p, n in ((PROMPTS[0], 300), (PROMPTS[1], 100), (PROMPTS[2], 24))]
+    await live_engine.client.set_catch_up_tokens(1024)
     await live_engine.client.set_auction(CostModel(0.1, 0.0, 0, first_s_per_req=0.25), prior=0.95)
     pair = await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 300), _steps_of(live_engine, PROMPTS[1], 100))
     assert all(any(s.drafter_idle for s in r.steps) for r in pair), "two requests: the drafter should idle"
-    # left alone, the long one cannot draft any more: the auction does not run the drafter for it
-    tail = [s for s in pair[0].steps if s.drafter_idle and s.batch_size == 1][2:]  # past the placeholder lag
-    assert tail and all(s.k == 0 for s in tail), [(s.index, s.batch_size, s.k) for s in pair[0].steps]
+    long = pair[0]
+    opened_at = next(s.index for s in long.steps if s.drafter_idle)
+    at = _check_caught_up_once(long, opened_at)
+    assert all(s.batch_size == 1 for s in long.steps if s.index >= at), _seen(long)  # once the short one ended
     alone = await _steps_of(live_engine, PROMPTS[2], 24)  # the engine is empty again
     assert not any(s.drafter_idle for s in alone.steps)
-    assert sum(s.num_drafted for s in alone.steps) > 0, [(s.index, s.k, s.num_drafted) for s in alone.steps]
+    assert sum(s.num_drafted for s in alone.steps) > 0, _seen(alone)
     assert [r.token_ids for r in (*pair, alone)] == [r.token_ids for r in refs]
+    await live_engine.client.set_catch_up_tokens(DEFAULT_CATCH_UP_TOKENS)
 
 
 @pytest.mark.parametrize("policy", ["table", "auction"])
@@ -274,18 +310,21 @@ async def test_a_request_right_after_a_burst_does_not_engage_the_drafter(live_en
     """Drafting pays alone, not at two requests (the table [[1,1,4],[2,64,0]], or the auction
     with a drafter first pass of 0.25 s per request): a request arriving alone right after a
     pair (whose steps are among the last RECENT_PEAK_STEPS) is not engaged, the pair's size
-    being the guess for the load to come; one arriving after RECENT_PEAK_S of idle engine is."""
-    ref = await run(await engines.get("off"), PROMPTS[2], max_tokens=24)
+    being the guess for the load to come; once the pair's steps are past, its hole (its whole
+    prompt and what it has written) is caught up and it drafts. One arriving after
+    RECENT_PEAK_S of idle engine is engaged from its first step."""
+    ref = await run(await engines.get("off"), PROMPTS[2], max_tokens=40)
     if policy == "table":
         await live_engine.client.set_k_table([[1, 1, 4], [2, 64, 0]])
     else:
         await live_engine.client.set_auction(CostModel(0.1, 0.0, 0, first_s_per_req=0.25), prior=0.95)
     await asyncio.gather(_steps_of(live_engine, PROMPTS[0], 16), _steps_of(live_engine, PROMPTS[1], 16))
-    right_after = await _steps_of(live_engine, PROMPTS[2], 24)
-    seen = [(s.index, s.batch_size, s.k, s.num_drafted) for s in right_after.steps]
-    assert all(s.k == 0 and s.num_drafted == 0 for s in right_after.steps), seen
+    right_after = await _steps_of(live_engine, PROMPTS[2], 40)
+    first = right_after.steps[: RECENT_PEAK_STEPS // 2]
+    assert all(s.k == 0 and s.num_drafted == 0 for s in first), _seen(right_after)
     assert right_after.steps[0].drafter_idle and right_after.token_ids == ref.token_ids
+    _check_caught_up_once(right_after, 0)  # the hole was the whole request: its prompt and its tokens
     await asyncio.sleep(RECENT_PEAK_S + 0.5)
-    later = await _steps_of(live_engine, PROMPTS[2], 24)
-    assert not any(s.drafter_idle for s in later.steps)
+    later = await _steps_of(live_engine, PROMPTS[2], 40)
+    assert not any(s.drafter_idle or s.caught_up for s in later.steps)
     assert sum(s.num_drafted for s in later.steps) > 0 and later.token_ids == ref.token_ids

@@ -90,6 +90,25 @@ def test_the_card_says_when_the_drafter_went_idle(idle_from, says):
         assert sum("drafter idle" in t for t in tips) == n_after
 
 
+def test_the_card_and_the_tooltips_say_when_the_drafter_caught_up():
+    steps = [
+        _step(0, [1], [], 0, False),
+        _step(1, [2], [], 0, True),  # K=0: the hole opens
+        _step(2, [3], [], 0, True),
+        _step(3, [4], [], 0, False),  # caught up 2 tokens here (its drafts start at the next step)
+        _step(4, [5, 6], [7], 1, False),
+    ]
+    steps[3].caught_up = 2
+    card = card_markdown(_result(steps))
+    assert "drafter caught up 2 tokens at step 3" in card and "K was 0 at step 1" in card
+    assert "drafts for this request again from step 4" in card
+    assert "drafter idle from step" not in card  # the hole was filled
+    tips = [[t["tip"] for t in s["t"]] for s in token_view_value(steps)["steps"]]  # per step
+    assert all("drafter caught up 2 tokens at step 3" in t for t in tips[3])
+    assert sum("drafter idle" in t for ts in tips for t in ts) == 2  # the tokens of steps 1 and 2
+    assert not any("drafter caught up" in t for n in (0, 1, 2, 4) for t in tips[n])
+
+
 @pytest.mark.parametrize(
     "ks, says",
     [
