@@ -128,6 +128,7 @@ async def main() -> int:
                 same &= ids == ref
                 caught[gap] += sum(r[5] for r in runs[gap])
                 record.append({"prompt": n, "gap": gap, "same_text": ids == ref, "steps": runs[gap]})
+                print(f"prompt {n} gap {gap}: same text as speculation off: {ids == ref}", flush=True)
             for gap, c in compare(runs, args.window).items():
                 totals[gap] = [a + b for a, b in zip(totals[gap], c)]
                 print(f"prompt {n} gap {gap}: {c[0]}/{c[1]} accepted after the gap, control {c[2]}/{c[3]}", flush=True)

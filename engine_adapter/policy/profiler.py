@@ -9,10 +9,11 @@ for each batch size ``b`` it starts ``b`` long requests of its own (ids from
 pure-decode steps of exactly ``b`` requests under each K (after the engine
 acknowledged the switch and ``SETTLE_STEPS`` more), and up to twice as many
 where those spread by more than ``MAX_SPREAD`` around their median. K=0 comes
-last for each batch size: an idle drafter drops the requests that lived through
-a K=0 step. The cells' median seconds per step become ``CostPoint``s and are
-fitted. The engine's previous policy is NOT restored: the caller applies the
-policy it wants afterwards.
+last for each batch size: after a K=0 step an idle drafter's requests have a
+hole in the draft KV, and a K>0 cell after it would time their catch-up. The
+cells' median seconds per step become ``CostPoint``s and are fitted. The
+engine's previous policy is NOT restored: the caller applies the policy it
+wants afterwards.
 
 The default grid is small on purpose (batch sizes 1, 4, 16 x K 0, 1, 3: nine
 cells; 127 s for the packaged pair in a cold-starting app on 2 CPU cores of an

@@ -113,9 +113,8 @@ def test_the_first_request_after_ready_shows_accepted_drafts(cold):
 def test_raising_the_load_moves_the_k_in_force_along_the_auto_table(cold):
     """Under a load of 1 and of 24, the K in force is the auto table's K for the batch size,
     both read from the page at one moment (the table is derived again as acceptance is
-    measured). Whether the table lowers K at 24 is the machine's measured cost model (on 2 cores
-    of an AMD EPYC, 2026-12-01: table [[1, 18, 3], [19, 64, 0]], so K went 3 -> 0); a table that
-    falls by construction is followed under load in tests/ui/test_browser.py."""
+    measured), and it is lower under load: the table falls with the measured cost model (on 2
+    cores of an AMD EPYC, 2026-12-01: [[1, 18, 3], [19, 64, 0]], so K went 3 -> 0)."""
     pg, *_ = cold
     try:
         drag_slider(pg, 1)  # one request at a time, steadily: the picture's "now" covers the last 5 s only
@@ -126,7 +125,8 @@ def test_raising_the_load_moves_the_k_in_force_along_the_auto_table(cold):
     finally:
         drag_slider(pg, 0)
     assert b_alone < 2 and k_alone > 0, (b_alone, k_alone)  # the request alone drafted
-    assert batch >= 16, batch
+    # the lesson: the machine fills, K falls (on the CI machine, 2026-12-01: K=1 at 23 requests)
+    assert batch >= 16 and k_load < k_alone, (batch, k_load, k_alone, pg.evaluate(STATE_JS)["table"])
 
 
 def state_on_the_table(pg, min_batch: int, timeout_ms: int) -> tuple[float, int]:
