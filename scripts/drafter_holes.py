@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/drafter_holes.py [--mode catch-up|holes] [--prompts FILE]
         [--category code,story] [--gaps 0,2,8,24] [--start 15] [--max-tokens 256] [--window 96]
-        [--out steps.json]
+        [--out steps.json] [--reserved-cpus 0]
 
 Why: with the idle drafter (``engine_adapter/vllm_plugin/idle_drafter.py``) a request that
 lives through a K=0 step has a hole in the draft model's KV cache. Two ways on:
@@ -105,6 +105,7 @@ async def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--window", type=int, default=96)
     ap.add_argument("--out", default=None, help="every run's steps as JSON")
+    ap.add_argument("--reserved-cpus", type=int, default=None, help="cores kept free of vLLM's worker (0: all)")
     args = ap.parse_args()
     gaps = sorted({0, *(int(g) for g in args.gaps.split(","))})
     lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
@@ -112,7 +113,8 @@ async def main() -> int:
     prompts = [d["prompt"] for d in lines if d.get("category") in categories]
     holes = args.mode == "holes"
     scheduler = ["--scheduler-cls", f"scripts.drafter_holes.{HolesTapAsyncScheduler.__name__}"] if holes else []
-    engine = await LiveEngine.launch(EngineConfig(method="draft", k=K, k_max=K, extra_args=scheduler))
+    cfg = EngineConfig(method="draft", k=K, k_max=K, reserved_cpus=args.reserved_cpus, extra_args=scheduler)
+    engine = await LiveEngine.launch(cfg)
     totals: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     caught: dict[int, int] = collections.defaultdict(int)
     record, same = [], True
