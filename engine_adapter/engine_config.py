@@ -21,6 +21,7 @@ KTable = list[tuple[int, int, int]]
 # them to the packaged copies).
 DEFAULT_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 DEFAULT_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+MAX_CATCH_UP_TOKENS = 4096  # the idle drafter's per-step catch-up budget, at most (tokens)
 
 
 # CPU features that compute in bfloat16 natively; without them (AVX2 only, e.g. the AMD EPYC
@@ -124,8 +125,8 @@ class EngineConfig:
             self.k_table = validate_k_table(self.k_table)
         if self.k_max is not None and not self.k <= self.k_max <= 16:
             raise ValueError(f"k_max must be between K ({self.k}) and 16; got {self.k_max}")
-        if self.catch_up_tokens is not None and not 0 <= self.catch_up_tokens <= 4096:
-            raise ValueError(f"catch_up_tokens must be between 0 and 4096; got {self.catch_up_tokens}")
+        if self.catch_up_tokens is not None and not 0 <= self.catch_up_tokens <= MAX_CATCH_UP_TOKENS:
+            raise ValueError(f"catch_up_tokens must be between 0 and {MAX_CATCH_UP_TOKENS}; got {self.catch_up_tokens}")
 
     @property
     def drafter_idles(self) -> bool:

@@ -34,7 +34,7 @@ from transformers import PreTrainedTokenizerBase
 from engine_adapter.engine.step_stream import HttpState, reconcile_counts, steps_from_chunks, steps_from_tap
 from engine_adapter.engine.tap_receiver import TapReceiver
 from engine_adapter.engine.token_text import IncrementalText
-from engine_adapter.engine_config import KTable, validate_k_table
+from engine_adapter.engine_config import MAX_CATCH_UP_TOKENS, KTable, validate_k_table
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.provenance import metrics_from_steps
 from engine_adapter.records import RequestResult, Step
@@ -147,11 +147,9 @@ class EngineClient:
         Takes effect at the engine's next schedule() call; K is capped at the
         engine's num_speculative_tokens (k_max). Raises ValueError for a bad table.
         """
-        if self._control is None:
-            raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
+        self._check_live()
         rows = validate_k_table(table)
-        await self._control.send(encode_control({"table": [list(r) for r in rows]}))
-        self.controls_sent += 1
+        await self._send_control({"table": [list(r) for r in rows]})
         return rows
 
     async def set_k(self, k: int) -> KTable:
@@ -160,21 +158,25 @@ class EngineClient:
 
     async def set_auction(self, cost: CostModel, prior: float = 0.5, strength: float = 2.0) -> None:
         """The slot auction under ``cost``: drafts of K = k_max, trimmed per request, live."""
-        if self._control is None:
-            raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
         # with its measured cells: the auction prices a measured (b, K) as measured
-        msg = {"auction": {"cost": cost.to_dict(), "prior": prior, "strength": strength}}
-        await self._control.send(encode_control(msg))
-        self.controls_sent += 1
+        await self._send_control({"auction": {"cost": cost.to_dict(), "prior": prior, "strength": strength}})
 
     async def set_catch_up_tokens(self, tokens: int) -> None:
         """The idle drafter's catch-up budget, live: the most tokens per step its draft model
         re-runs for requests with a hole (0 = none: such a request never drafts again)."""
+        self._check_live()
+        if not 0 <= int(tokens) <= MAX_CATCH_UP_TOKENS:
+            raise ValueError(f"catch-up tokens must be between 0 and {MAX_CATCH_UP_TOKENS}; got {tokens}")
+        await self._send_control({"catch_up": int(tokens)})
+
+    def _check_live(self) -> None:
         if self._control is None:
             raise RuntimeError("this engine was not started for live K policies (EngineConfig.k_max)")
-        if not 0 <= int(tokens) <= 4096:
-            raise ValueError(f"catch-up tokens must be between 0 and 4096; got {tokens}")
-        await self._control.send(encode_control({"catch_up": int(tokens)}))
+
+    async def _send_control(self, msg: dict[str, Any]) -> None:
+        """One command on the control channel; ``controls_sent`` counts it (the tap acknowledges)."""
+        self._check_live()
+        await self._control.send(encode_control(msg))
         self.controls_sent += 1
 
     async def close(self) -> None:

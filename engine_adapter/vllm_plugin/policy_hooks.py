@@ -130,14 +130,13 @@ class PolicyHooksMixin:
             return None
         est = self._estimator
         fresh, b = self._step_batch()
-        # the ceiling pays off only for requests that can draft: not those an idle drafter
-        # dropped, and the new ones at the pooled estimate (so drafting resumes when load falls)
-        able = [r for r in self.running if self._may_draft(r)] + fresh
-        full = {r.request_id: est.scores(r.request_id, self.num_spec_tokens) for r in able}
+        # the ceiling pays off only for requests that can draft: not those with a hole too long to
+        # catch up, and the new ones at the pooled estimate (so drafting resumes when load falls)
+        able, engaging = self._able_to_draft(fresh)
+        full = {r.request_id: est.scores(r.request_id, self.num_spec_tokens) for r in able + fresh}
         # engaging a request's drafter (a new one's prefill, a holed one's catch-up) is priced at
         # the load that just was, as the table policies do (k_policy.idle_drafter_k): it pays back
         # over many steps
-        engaging = bool(fresh) or any(r.request_id in self._missed for r in able)
         b_priced = self._recent_peak(b) if engaging and self._idle_drafter else b
         ceiling = best_ceiling(full, cost, b_priced)[0] if full else 0
         self.dynamic_sd_lookup = [ceiling] * len(self.dynamic_sd_lookup)
@@ -179,6 +178,12 @@ class PolicyHooksMixin:
             return True
         m = m.refreshed(request.num_computed_tokens)
         return m is None or m.count <= self._catch_up_tokens
+
+    def _able_to_draft(self, fresh: list) -> tuple[list, bool]:
+        """The running requests that can draft this step, and whether a drafter is to be engaged
+        (a new request's prefill, or a holed one's catch-up)."""
+        able = [r for r in self.running if self._may_draft(r)]
+        return able, bool(fresh) or any(r.request_id in self._missed for r in able)
 
     def _track_holes(self, out) -> None:
         """After vLLM scheduled a step: open or grow holes at K=0, plan their catch-up at K>0."""
@@ -227,8 +232,7 @@ class PolicyHooksMixin:
         (k_policy.idle_drafter_k); None when it stands."""
         fresh, b = self._step_batch()
         peak = min(self._recent_peak(b), len(lookup) - 1)
-        able = [r for r in self.running if self._may_draft(r)]
-        engaging = bool(fresh) or any(r.request_id in self._missed for r in able)  # a prefill or a catch-up
+        able, engaging = self._able_to_draft(fresh)
         k = idle_drafter_k(lookup[b], fresh=engaging, k_at_recent_peak=lookup[peak], can_draft=bool(fresh or able))
         return [k] * len(lookup) if k != lookup[b] else None  # for this step only
 
