@@ -188,10 +188,12 @@ class PolicyHooksMixin:
     def _track_holes(self, out) -> None:
         """After vLLM scheduled a step: open or grow holes at K=0, plan their catch-up at K>0."""
         self._steps_scheduled += 1
+        ran = out.num_spec_tokens_to_schedule > 0
+        if ran and not self._missed:
+            return  # the usual step: nothing to open, nothing to plan
         starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
         starts.update(zip(cached.req_ids, cached.num_computed_tokens))
-        ran = out.num_spec_tokens_to_schedule > 0
         if not ran:
             for rid, n in out.num_scheduled_tokens.items():
                 self._missed[rid] = update_missed(
