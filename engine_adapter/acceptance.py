@@ -9,7 +9,8 @@ request card. No I/O, no vLLM.
   position 1..k; position i is *reached* (tested) when every draft before it was kept;
 - ``per_position_acceptance``: kept / reached per position (None where never reached);
 - ``alpha_from_histogram``: one per-token alpha from vLLM's ``acceptance_histogram``;
-- ``alphas_from_counts`` and ``PositionCounts``: pooled alphas over engine steps;
+- ``alphas_from_counts`` and ``PositionCounts``: pooled alphas over engine steps, shrunk
+  toward a memory of earlier measurements; ``remembered_alphas`` updates that memory;
 - ``survival(alphas)``: P(position i is accepted) = prod_{j<=i} alpha_j;
 - ``SlotEstimator``: per-request alphas shrunk toward the pool, calibrated scores.
 """
@@ -147,18 +148,46 @@ class SlotEstimator:
 
 
 def alphas_from_counts(
-    accepted: Sequence[int], reached: Sequence[int], prior: float = 0.5, strength: float = 2.0
+    accepted: Sequence[int],
+    reached: Sequence[int],
+    prior: float = 0.5,
+    strength: float = 2.0,
+    memory: Sequence[float] = (),
 ) -> list[float]:
-    """Per-position acceptance from pooled counts, each shrunk toward the position before.
+    """Per-position acceptance from pooled counts, each shrunk toward what is known already.
 
-    A position never tested (K was lower) inherits its predecessor's estimate
-    rather than a made-up number; position 1 shrinks toward ``prior``.
+    Position i shrinks toward ``memory[i]`` where there is one (what was measured before:
+    counts that have left a time window must not turn a measured acceptance back into a
+    guess), else toward the estimate of the position before it: a position never tested (K
+    was lower) inherits its predecessor's rather than a made-up number; position 1 shrinks
+    toward ``prior``.
     """
     out: list[float] = []
     prev = prior
-    for a, r in zip(accepted, reached):
-        prev = (a + strength * prev) / (r + strength)
+    for i, (a, r) in enumerate(zip(accepted, reached)):
+        toward = memory[i] if i < len(memory) else prev
+        prev = (a + strength * toward) / (r + strength)
         out.append(prev)
+    return out
+
+
+def remembered_alphas(
+    memory: Sequence[float], accepted: Sequence[int], reached: Sequence[int], min_reached: int
+) -> list[float]:
+    """The acceptance to remember per position after a window of counts: the window's own
+    estimate (``alphas_from_counts`` without the memory, so that remembering a window and reading
+    it again agree) where the window tested the position at least ``min_reached`` times, else the
+    memory's. A position past the memory is remembered once the window tested it at all; one
+    never tested stays unknown (the memory ends there: a guess is not a measurement)."""
+    fresh = alphas_from_counts(accepted, reached)
+    out: list[float] = []
+    for i, (f, r) in enumerate(zip(fresh, reached)):
+        if r >= min_reached or (i >= len(memory) and r > 0):
+            out.append(f)
+        elif i < len(memory):
+            out.append(memory[i])
+        else:
+            break
     return out
 
 
@@ -177,5 +206,5 @@ class PositionCounts:
                     self.accepted[i] += a
                     self.reached[i] += r
 
-    def alphas(self) -> list[float]:
-        return alphas_from_counts(self.accepted, self.reached)
+    def alphas(self, memory: Sequence[float] = ()) -> list[float]:
+        return alphas_from_counts(self.accepted, self.reached, memory=memory)

@@ -25,11 +25,10 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import zmq
-from transformers import PreTrainedTokenizerBase
 
 from engine_adapter.engine.step_stream import HttpState, reconcile_counts, steps_from_chunks, steps_from_tap
 from engine_adapter.engine.tap_receiver import TapReceiver
@@ -39,6 +38,9 @@ from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.provenance import metrics_from_steps
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.vllm_plugin.wire import encode_control
+
+if TYPE_CHECKING:  # transformers loads with the tokenizer, after the engine is spawned
+    from transformers import PreTrainedTokenizerBase
 
 
 class RequestError(RuntimeError):

@@ -217,6 +217,12 @@ class EngineProcess:
             self.draft_dir = resolve(self.config.draft)
 
     def start(self, progress: ProgressFn | None = None, timeout_s: float = 900) -> None:
+        """``prepare`` then ``spawn``: the models ready on disk, then vLLM serving."""
+        self.prepare(progress)
+        self.spawn(progress, timeout_s)
+
+    def prepare(self, progress: ProgressFn | None = None) -> None:
+        """Check the machine's resources and resolve the models (``target_dir``, ``draft_dir``)."""
         report = progress or (lambda p: None)
         try:
             check_resources(self.config)  # before a packaged model is converted onto a full disk
@@ -228,6 +234,10 @@ class EngineProcess:
         except Exception as e:
             self._cleanup_dir()
             raise EngineStartError(f"could not prepare the models: {e}") from e
+
+    def spawn(self, progress: ProgressFn | None = None, timeout_s: float = 900) -> None:
+        """Start vLLM on the prepared models and wait until it serves (``EngineStartError`` if not)."""
+        report = progress or (lambda p: None)
         if self.port is None:
             self.port = free_port()
         elif not port_is_free(self.port):

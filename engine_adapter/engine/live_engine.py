@@ -47,9 +47,13 @@ class LiveEngine:
         resolve: Any = None,
     ) -> LiveEngine:
         proc = EngineProcess(config, port=port, resolve=resolve)
+        tokenizer_load = None
         try:
-            await asyncio.to_thread(proc.start, progress)
-            tokenizer = await asyncio.to_thread(load_tokenizer, proc.target_dir)
+            await asyncio.to_thread(proc.prepare, progress)
+            # the tokenizer (transformers' import included: seconds) loads while vLLM starts
+            tokenizer_load = asyncio.create_task(asyncio.to_thread(load_tokenizer, proc.target_dir))
+            await asyncio.to_thread(proc.spawn, progress)
+            tokenizer = await tokenizer_load
             client = EngineClient(
                 proc.url,
                 tokenizer,
@@ -59,6 +63,8 @@ class LiveEngine:
             )
             await client.start()
         except BaseException as e:
+            if tokenizer_load is not None and not tokenizer_load.done():
+                tokenizer_load.cancel()  # its thread ends by itself; nothing waits for it
             proc.keep_log()
             proc.stop()
             if isinstance(e, Exception) and not isinstance(e, EngineStartError):

@@ -16,13 +16,14 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from engine_adapter.engine.token_text import IncrementalText, draft_text
 from engine_adapter.provenance import kinds_for_step, steps_from_counts
 from engine_adapter.records import Step, Token
+
+if TYPE_CHECKING:  # transformers loads with the tokenizer, after the engine is spawned
+    from transformers import PreTrainedTokenizerBase
 
 TAP_GRACE_S = 5.0  # how long to wait for the tap's last step after the HTTP stream ends
 

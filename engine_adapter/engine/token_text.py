@@ -12,13 +12,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _REPLACEMENT = "\ufffd"
 
 
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    # imported here: transformers takes seconds to import, and the app spawns the engine before
+    # anything needs a tokenizer, so that the two overlap (docs/benchmarks.md, cold start)
+    from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 

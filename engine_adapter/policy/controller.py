@@ -85,7 +85,9 @@ class PolicyController:
         auto = None
         table: KTable | None
         if spec.kind == "auction":
-            await self.client.set_auction(self.cost)
+            # the estimator's start where it has seen nothing yet: the measured acceptance, not a guess
+            prior = {"prior": alphas[0]} if alphas else {}
+            await self.client.set_auction(self.cost, **prior)
             table = None
         else:
             if spec.kind == "off":

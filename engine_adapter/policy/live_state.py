@@ -15,7 +15,10 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   runs) and puts the policy in force back afterwards; a policy chosen meanwhile
   is applied when it ends, since profiling switches K itself;
 - under ``auto`` the table is re-derived every ``rederive_s`` seconds from the
-  per-position acceptance of the last ``window_s`` seconds of engine steps;
+  per-position acceptance of the last ``window_s`` seconds of engine steps, shrunk
+  toward the acceptance remembered from earlier measurements (the profile's, kept
+  with the cost model in the cache, then every window's that tested a position
+  ``MIN_REACHED`` times): a window without drafts keeps the last measurement;
 - ``changes`` records every policy applied: (monotonic t, spec dict).
 
 Engines started without live policies (no ``k_max``, or attached) have no
@@ -31,7 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine_adapter.acceptance import PositionCounts
+from engine_adapter.acceptance import PositionCounts, alphas_from_counts, remembered_alphas
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
@@ -41,12 +44,14 @@ from engine_adapter.policy.profiler import (
     config_cache_path,
     estimate_profile_s,
     load_cached,
+    load_cached_acceptance,
     profile_engine,
     save_cached,
 )
 from engine_adapter.records import EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
+MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
 START_POLICIES = ("config", "auto", "auction")
 
 
@@ -101,6 +106,10 @@ class LivePolicy:
         self._pending: PolicySpec | None = None
         self._tasks: list[asyncio.Task] = []
         self._preview: tuple[tuple, AutoTable] | None = None  # (inputs, table) of the last preview
+        # per draft position, the acceptance last measured (the profile's, then the windows'): a window
+        # with no drafts in it (a long spell at K=0, a launch with a cached cost model) must not turn it
+        # back into the 0.5 guess, under which the auto table drafts nowhere and so never measures again
+        self._remembered: list[float] = []
 
     # --- lifecycle (service loop) ------------------------------------------
     async def engine_ready(
@@ -129,6 +138,8 @@ class LivePolicy:
         self.changes.append((time.monotonic(), spec.to_dict()))
         ctl.cost = load_cached(config_cache_path(config), config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
+        measured = load_cached_acceptance(config_cache_path(config)) if ctl.cost else None
+        self._remembered = measured.alphas() if measured and any(measured.reached) else []
         if ctl.cost is None:
             await self._measure(on_progress)
         start = spec if self.default_policy == "config" else PolicySpec(self.default_policy, config.k)
@@ -155,9 +166,20 @@ class LivePolicy:
 
     # --- actions ------------------------------------------------------------
     def alphas(self) -> list[float]:
+        """Per draft position: the last ``window_s`` seconds' acceptance where the window tested the
+        position ``MIN_REACHED`` times, else the remembered; positions never measured inherit the
+        position before (position 1: the 0.5 guess, before anything was measured)."""
+        k = self.controller.k_max if self.controller else 0
+        return alphas_from_counts([0] * k, [0] * k, memory=self._window_alphas())
+
+    def _window_alphas(self) -> list[float]:
         counts = PositionCounts(self.controller.k_max if self.controller else 0)
         counts.add(self._steps_since(time.monotonic() - self.window_s))
-        return counts.alphas()
+        return remembered_alphas(self._remembered, counts.accepted, counts.reached, MIN_REACHED)
+
+    def remember_window(self) -> None:
+        """Keep what ``alphas`` reads now, for when the window holds no drafts."""
+        self._remembered = self._window_alphas()
 
     async def apply(self, spec: PolicySpec) -> PolicyState | None:
         """Apply now, or (while profiling) check now and apply when profiling ends."""
@@ -191,6 +213,7 @@ class LivePolicy:
         """Run the profile; the cost model (and the cache) on success, ``view().error`` on failure."""
         ctl, cfg = self.controller, self._config
         self._profiling = "starting"
+        t_start = time.monotonic()
 
         def progress(p: ProfileProgress) -> None:
             left = f", about {p.left_s:.0f} s left" if p.left_s else ""
@@ -206,7 +229,10 @@ class LivePolicy:
             )
             ctl.cost = cost
             self._cost_source = "profiled"
-            save_cached(config_cache_path(cfg), cost)
+            measured = PositionCounts(ctl.k_max)  # the profile's own drafts: what a later launch starts from
+            measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
+            self._remembered = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
+            save_cached(config_cache_path(cfg), cost, measured)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # shown in the page; policies without a cost model still work
@@ -227,7 +253,10 @@ class LivePolicy:
         while True:
             await asyncio.sleep(self.rederive_s)
             ctl = self.controller
-            if ctl is None or self._profiling is not None or ctl.state is None or ctl.state.spec.kind != "auto":
+            if ctl is None or self._profiling is not None or ctl.state is None:
+                continue
+            self.remember_window()
+            if ctl.state.spec.kind != "auto":
                 continue
             with contextlib.suppress(Exception):  # a failed send is retried next round
                 if await ctl.rederive(self.alphas()):

@@ -33,7 +33,11 @@ the next): under continuous load that is the engine's step period, including
 vLLM's own scheduling and, for the draft-model method, the drafter's passes.
 
 Results are cached per (models, method, machine) in
-``~/.cache/spec-explorer/cost/`` so a restart does not profile again.
+``~/.cache/spec-explorer/cost/`` so a restart does not profile again, with the
+acceptance per draft position that the profile's own drafts measured
+(``save_cached``/``load_cached_acceptance``): a later launch's K policies start
+from that measurement, not from a guess (under a guess of 0.5 the auto table
+chose K=0 at every batch size, and so never measured anything to correct it).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
+from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine.models import default_cache_dir
 from engine_adapter.engine_config import resolve_dtype
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
@@ -60,7 +65,8 @@ STEPS_PER_CELL = 4  # the medians' samples: pure steps in a row under one K ...
 MAX_SPREAD = 0.1  # ... and as many again while their median absolute deviation exceeds 10 % of the median
 SETTLE_STEPS = 1  # steps skipped after a switch (a request's first decode); old-K proposals are filtered
 PROMPT_WORDS = 8  # profiling prompts are cut to this many words (``short_prompt``)
-PROFILE_VERSION = 3  # in the cache key: cells measured the old way are measured again
+PROFILE_VERSION = 4  # in the cache key: profiles saved the old way (3: no acceptance) are measured again
+ACCEPTANCE_KEY = "acceptance"  # in the cache file: {"accepted": [...], "reached": [...]} per draft position
 
 
 def default_ks(k_max: int) -> list[int]:
@@ -127,16 +133,34 @@ def _cpu_name() -> str:
 def load_cached(path: Path, drafter_runs_model: bool) -> CostModel | None:
     """The measured cells kept at ``path``, fitted again (the fit may have changed, not the data)."""
     try:
-        points = CostModel.from_dict(json.loads(path.read_text())).points
+        saved = json.loads(path.read_text())
+        saved.pop(ACCEPTANCE_KEY, None)
+        points = CostModel.from_dict(saved).points
         return fit_cost_model(points, drafter_runs_model=drafter_runs_model) if points else None
-    except (OSError, ValueError, TypeError, KeyError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
-def save_cached(path: Path, model: CostModel) -> None:
+def load_cached_acceptance(path: Path) -> PositionCounts | None:
+    """The per-position acceptance the profile at ``path`` measured (its own drafts), or None."""
+    try:
+        saved = json.loads(path.read_text())[ACCEPTANCE_KEY]
+        counts = PositionCounts(len(saved["reached"]))
+        counts.accepted, counts.reached = [int(a) for a in saved["accepted"]], [int(r) for r in saved["reached"]]
+        return counts if len(counts.accepted) == len(counts.reached) else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def save_cached(path: Path, model: CostModel, acceptance: PositionCounts | None = None) -> None:
+    """The cost model, and the acceptance per position its profile measured (the start a later
+    launch's K policies take before it has measured any of its own)."""
+    saved = model.to_dict()
+    if acceptance is not None:
+        saved[ACCEPTANCE_KEY] = {"accepted": acceptance.accepted, "reached": acceptance.reached}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(model.to_dict(), indent=1))
+    tmp.write_text(json.dumps(saved, indent=1))
     tmp.replace(path)
 
 

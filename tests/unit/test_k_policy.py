@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine_adapter.acceptance import SlotEstimator, alphas_from_counts, survival
+from engine_adapter.acceptance import SlotEstimator, alphas_from_counts, remembered_alphas, survival
 from engine_adapter.engine_config import validate_k_table
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.policy.k_policy import (
@@ -222,6 +222,39 @@ def test_cost_model_round_trips():
 )
 def test_alphas_from_counts(accepted, reached, expected):
     assert alphas_from_counts(accepted, reached) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "accepted, reached, memory, expected",
+    [
+        # nothing in the window: the memory as it is, not the 0.5 guess
+        ([0, 0], [0, 0], [0.9, 0.8], [0.9, 0.8]),
+        # a short memory: position 2 inherits the estimate of position 1
+        ([0, 0], [0, 0], [0.9], [0.9, 0.9]),
+        # counts shrink toward the memory's value at their own position
+        ([5, 0], [10, 0], [0.9, 0.8], [(5 + 2 * 0.9) / 12, 0.8]),
+    ],
+)
+def test_alphas_from_counts_shrink_toward_memory(accepted, reached, memory, expected):
+    assert alphas_from_counts(accepted, reached, memory=memory) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "memory, accepted, reached, expected",
+    [
+        # an empty window changes nothing; an unmeasured memory stays unmeasured
+        ([0.9, 0.8], [0, 0], [0, 0], [0.9, 0.8]),
+        ([], [0, 0], [0, 0], []),
+        # tested often enough (min_reached 16): the window's estimate replaces the memory's
+        ([0.9, 0.8], [10, 0], [20, 0], [(10 + 2 * 0.5) / 22, 0.8]),
+        # tested too rarely: the memory stays
+        ([0.9, 0.8], [1, 0], [5, 0], [0.9, 0.8]),
+        # past the memory: remembered once tested at all, and no further than that
+        ([], [3, 1, 0], [4, 3, 0], [(3 + 1) / 6, (1 + 2 * 4 / 6) / 5]),
+    ],
+)
+def test_remembered_alphas(memory, accepted, reached, expected):
+    assert remembered_alphas(memory, accepted, reached, min_reached=16) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,133 @@
+"""Time a launch of the explorer as a newcomer sees it: page up, measuring, ready, first request.
+
+    .venv/bin/python scripts/cold_start.py --cold              # an empty cost-model cache
+    .venv/bin/python scripts/cold_start.py --warm              # the cost model already cached
+    .venv/bin/python scripts/cold_start.py --cold --app-args "--reserved-cpus 1"
+
+``--cold`` makes a fresh cache folder (``SPEC_EXPLORER_CACHE``) holding only links to the
+model folders of the usual cache (``~/.cache/spec-explorer`` or ``$SPEC_EXPLORER_CACHE``), so
+the app finds its models but no cost model and measures one, as on a Space's first start.
+``--warm`` uses the usual cache as it is (run ``--cold --keep-cache`` first, or the app once).
+The app (``python app.py --port <free> ARGS`` on 127.0.0.1) is polled through its ``/status``
+API every second; once it says ready, one request (``--prompt``, ``--max-tokens`` tokens,
+greedy) runs through ``/run`` and its token kinds are counted. The app is stopped by its PID
+at the end (Ctrl-C, then SIGKILL of its session). Prints a table, then JSON as the last line:
+seconds from launch to the page answering, to "Measuring this machine", to ready, the first
+request's wall time and its kinds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+from gradio_client import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, as a script
+
+from engine_adapter.engine.models import default_cache_dir  # noqa: E402
+from tests.support.app_process import engine_ready, start_app  # noqa: E402
+
+FIRST_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
+MEASURING = "Measuring this machine"
+
+
+def fresh_cache(models_from: Path) -> Path:
+    """A new cache folder with links to the model folders only (no cost model)."""
+    cache = Path(tempfile.mkdtemp(prefix="spec-explorer-cold-"))
+    for entry in models_from.iterdir():
+        if entry.is_dir() and entry.name != "cost":
+            (cache / entry.name).symlink_to(entry)
+    return cache
+
+
+def watch_launch(app, deadline_s: float) -> dict[str, float | None]:
+    """Seconds from launch to: the page answering, the first 'measuring' status, ready."""
+    t0 = time.monotonic()
+    marks: dict[str, float | None] = {"page_s": None, "measuring_s": None, "ready_s": None}
+    client = None
+    while time.monotonic() - t0 < deadline_s:
+        if app.proc.poll() is not None:
+            raise SystemExit(f"the app exited ({app.proc.returncode}):\n{app.log_tail()}")
+        try:
+            if client is None and httpx.get(app.url, timeout=2).status_code == 200:
+                client = Client(app.url, verbose=False)
+                marks["page_s"] = time.monotonic() - t0
+            if client is not None:
+                status = client.predict(api_name="/status")
+                if marks["measuring_s"] is None and MEASURING in status:
+                    marks["measuring_s"] = time.monotonic() - t0
+                if engine_ready(status):
+                    marks["ready_s"] = time.monotonic() - t0
+                    return marks | {"client": client}  # type: ignore[return-value]
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(1.0)
+    raise SystemExit(f"not ready within {deadline_s:.0f} s:\n{app.log_tail()}")
+
+
+def first_request(client: Client, prompt: str, max_tokens: int) -> dict:
+    t = time.monotonic()
+    out = client.predict(prompt, 0.0, max_tokens, api_name="/run")
+    trace = out[-1] if isinstance(out, (list, tuple)) else out
+    kinds = Counter(trace.get("kinds", [])) if isinstance(trace, dict) else Counter()
+    return {"first_request_s": round(time.monotonic() - t, 1), "kinds": dict(kinds)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--cold", action="store_true", help="an empty cost-model cache (models linked in)")
+    which.add_argument("--warm", action="store_true", help="the usual cache, cost model included")
+    p.add_argument(
+        "--keep-cache", action="store_true", help="--cold: copy the measured cost model into the usual cache"
+    )
+    p.add_argument("--app-args", default="", help="more arguments for app.py, one string")
+    p.add_argument("--prompt", default=FIRST_PROMPT)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--deadline-s", type=float, default=900.0)
+    p.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "cold_start_app.log")
+    args = p.parse_args(argv)
+
+    models = default_cache_dir()
+    cache = fresh_cache(models) if args.cold else models
+    app = start_app(shlex.split(args.app_args), args.log, env={"SPEC_EXPLORER_CACHE": str(cache)})
+    try:
+        marks = watch_launch(app, args.deadline_s)
+        client = marks.pop("client")
+        marks |= first_request(client, args.prompt, args.max_tokens)
+    finally:
+        app.stop()
+    if args.cold and args.keep_cache and (cache / "cost").is_dir():
+        shutil.copytree(cache / "cost", models / "cost", dirs_exist_ok=True)
+    if args.cold:
+        shutil.rmtree(cache, ignore_errors=True)
+    row = {"start": "cold" if args.cold else "warm", "app_args": args.app_args, "cpu": _cpu_name()} | {
+        k: (round(v, 1) if isinstance(v, float) else v) for k, v in marks.items()
+    }
+    for key, value in row.items():
+        print(f"{key:>18}: {value}")
+    print(json.dumps(row))
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    avx512 = "avx512_bf16" in flags
+    return f"{os.cpu_count()} cores, {'AVX-512 BF16' if avx512 else 'no AVX-512 BF16'}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

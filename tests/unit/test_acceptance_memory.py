@@ -1,0 +1,126 @@
+"""The K policies' acceptance memory: what a launch starts from, and what a window without drafts keeps.
+
+No engine: real ``EngineStep`` records through ``LivePolicy``'s own window, and the cost-model cache
+on a temporary disk. Why it matters: under the 0.5 guess the auto table chose K=0 at every batch
+size on the packaged pair, so a launch with a cached cost model (or a minute at K=0) never drafted
+again and never measured anything to correct it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from engine_adapter.acceptance import PositionCounts
+from engine_adapter.policy.controller import PolicyController
+from engine_adapter.policy.cost_model import CostPoint, fit_cost_model
+from engine_adapter.policy.k_policy import derive_auto_table
+from engine_adapter.policy.live_state import LivePolicy
+from engine_adapter.policy.profiler import load_cached, load_cached_acceptance, save_cached
+from engine_adapter.records import EngineStep
+
+# the packaged pair's cells on 2 CPU cores with AVX-512 (2026-12-02): K=1 costs 55 % more than K=0
+PACKAGED_CELLS = [
+    CostPoint(1, 0, 1, 0.111, 4),
+    CostPoint(1, 1, 2, 0.171, 7),
+    CostPoint(1, 3, 4, 0.229, 4),
+    CostPoint(4, 0, 4, 0.107, 4),
+    CostPoint(4, 1, 8, 0.182, 4),
+    CostPoint(4, 3, 16, 0.319, 4),
+    CostPoint(16, 0, 16, 0.207, 4),
+    CostPoint(16, 1, 32, 0.403, 4),
+    CostPoint(16, 3, 64, 0.798, 4),
+]
+
+
+def _step(seq: int, t: float, accepted: tuple[int, ...], reached: tuple[int, ...]) -> EngineStep:
+    return EngineStep(
+        seq=seq,
+        t=t,
+        wall_s=0.1,
+        interval_s=0.1,
+        batch_size=1,
+        k=len(reached),
+        num_tokens=1 + len(reached),
+        num_drafted=len(reached),
+        num_accepted=accepted[0],
+        num_emitted=1 + accepted[0],
+        accepted_per_pos=accepted,
+        reached_per_pos=reached,
+        num_drafting=1,
+        tap_s=0.0,
+    )
+
+
+class _Steps:
+    """An engine's step history as the service keeps it (``steps_since``)."""
+
+    def __init__(self) -> None:
+        self.steps: list[EngineStep] = []
+
+    def since(self, t: float) -> list[EngineStep]:
+        return [s for s in self.steps if s.t >= t]
+
+
+def _policy(history: _Steps, k_max: int = 3) -> LivePolicy:
+    live = LivePolicy(history.since, ["a prompt"], window_s=60.0)
+    live.controller = PolicyController(client=None, k_max=k_max, max_batch=16)
+    return live
+
+
+def test_a_window_without_drafts_keeps_the_last_measurement():
+    history = _Steps()
+    live = _policy(history)
+    now = time.monotonic()
+    # 40 verify steps that drafted 3 and kept 2 at positions 1-2, 1 at position 3 (of 2 tested)
+    history.steps = [_step(i, now - 5, (1, 1, 0), (1, 1, 1)) for i in range(40)]
+    live.remember_window()
+    measured = live.alphas()
+    assert measured[0] > 0.9 and measured[2] < 0.1
+    history.steps = [_step(i, now - 600, (1, 1, 0), (1, 1, 1)) for i in range(40)]  # all out of the window
+    assert live.alphas() == pytest.approx(measured)
+    live.remember_window()  # a round of the auto loop with nothing new: the memory stays
+    assert live.alphas() == pytest.approx(measured)
+
+
+def test_before_any_measurement_the_estimate_is_the_guess():
+    live = _policy(_Steps())
+    live.remember_window()
+    assert live.alphas() == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_a_measured_code_acceptance_drafts_at_batch_1_and_not_at_16():
+    """What a launch with the cache starts from, on the packaged pair's measured cells (the 0.5
+    guess sits within a hair of K=0 against K=1 at batch size 1 there: the real cells chose 0)."""
+    cost = fit_cost_model(PACKAGED_CELLS, drafter_runs_model=True)
+    ks = derive_auto_table(cost, [0.9, 0.88, 0.85, 0.8, 0.75], 5, 16).k_by_batch
+    assert ks[0] > 0 and ks[15] == 0
+
+
+def test_the_cache_keeps_the_profiles_acceptance(tmp_path):
+    cost = fit_cost_model(PACKAGED_CELLS, drafter_runs_model=True)
+    counts = PositionCounts(3)
+    counts.accepted, counts.reached = [90, 70, 40], [100, 90, 70]
+    path = tmp_path / "cost" / "x.json"
+    save_cached(path, cost, counts)
+    assert load_cached(path, drafter_runs_model=True).points == cost.points
+    loaded = load_cached_acceptance(path)
+    assert (loaded.accepted, loaded.reached) == (counts.accepted, counts.reached)
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [
+        {},  # a cost model saved before the acceptance was (profile version 3)
+        {"acceptance": {"accepted": [1, 2], "reached": [3]}},  # lengths differ
+        {"acceptance": {"accepted": "x"}},
+    ],
+)
+def test_a_cache_without_a_usable_acceptance_gives_none(tmp_path, saved):
+    cost = fit_cost_model(PACKAGED_CELLS, drafter_runs_model=True)
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(cost.to_dict() | saved))
+    assert load_cached_acceptance(path) is None
+    assert load_cached(path, drafter_runs_model=True) is not None
