@@ -104,19 +104,22 @@ class SlotEstimator:
         self.predicted = [0.0] * self.k_max
         self.kept = [0] * self.k_max
 
-    def observe(self, request_id: str, num_drafted: int, accepted: int) -> None:
-        """One verify step: positions 1..min(accepted+1, drafted) were tested."""
+    def observe(self, request_id: str, num_drafted: int, accepted: int, pooled: bool = True) -> None:
+        """One verify step: positions 1..min(accepted+1, drafted) were tested. ``pooled`` False:
+        the request's own estimate learns from it, the pool and the calibration do not (drafts an
+        idle draft model made across a hole in its KV cache: they say nothing of anyone else's)."""
         n = min(num_drafted, self.k_max)
-        for i, p in enumerate(survival(self.alphas(request_id)[:n])):  # the promise, before this step counts
-            self.predicted[i] += p
-            self.kept[i] += i < accepted
+        if pooled:
+            for i, p in enumerate(survival(self.alphas(request_id)[:n])):  # the promise, before this step counts
+                self.predicted[i] += p
+                self.kept[i] += i < accepted
         reached, acc = self.per_request.setdefault(request_id, ([0] * self.k_max, [0] * self.k_max))
         for i in range(min(accepted + 1, n)):
             reached[i] += 1
-            self.pooled_reached[i] += 1
+            self.pooled_reached[i] += pooled
             if i < accepted:
                 acc[i] += 1
-                self.pooled_accepted[i] += 1
+                self.pooled_accepted[i] += pooled
 
     def forget(self, request_id: str) -> None:
         self.per_request.pop(request_id, None)

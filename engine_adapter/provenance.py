@@ -9,6 +9,8 @@ Contract:
 - ``alpha_from_histogram(histogram, k)`` estimates per-token acceptance.
 - ``steps_from_counts(...)`` rebuilds steps from stream chunks plus vLLM's
   ``per_step_accepted``/``per_step_drafted`` when there is no tap (attach mode).
+- ``drafted_across_hole(steps)``: the steps whose drafts an idle draft model made across a
+  hole in its KV cache (the tokens it skipped at K=0 steps, blank).
 
 No I/O and no engine here; the statistics are kept apart from the stream code.
 """
@@ -17,7 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine_adapter.records import SpecDecodeMetrics, TokenKind
+from engine_adapter.records import SpecDecodeMetrics, Step, TokenKind
+
+
+def drafted_across_hole(steps: Sequence[Step]) -> set[int]:
+    """Indices of the steps that verified drafts made across a hole: a step's drafts were proposed
+    at the end of the step before it, so they were made across the hole when that step already
+    had one (``drafter_idle``) that it did not catch up (``caught_up``). The engine lets a request
+    do so only once its hole is longer than the catch-up budget and holds zeros."""
+    return {s.index for prev, s in zip(steps, steps[1:]) if s.num_drafted and prev.drafter_idle and not prev.caught_up}
 
 
 def kinds_for_step(step_index: int, num_drafted: int, accepted: int, num_emitted: int) -> list[TokenKind]:

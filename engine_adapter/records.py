@@ -94,7 +94,8 @@ class Step:
     rejected: list[Token] = field(default_factory=list)
     finish_reason: str | None = None
     # the draft model has a hole for this request, from a K=0 step it skipped (an idle
-    # drafter): it gets no drafts, whatever K is in force, until the hole is caught up
+    # drafter): no drafts until the hole is caught up, or, once it outgrew the catch-up
+    # budget, drafts made across it (``provenance.drafted_across_hole``)
     drafter_idle: bool = False
     # tokens the draft model re-ran for this request in this step to fill that hole
     # (0: none); from the next step on it drafts again

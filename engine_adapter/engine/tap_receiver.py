@@ -25,11 +25,18 @@ from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep, decode_step
 
 
 def summarize(step: TapStep) -> EngineStep:
-    """Server-wide counts of one step, including acceptance per draft position."""
-    k = max((len(r.drafted) for r in step.reqs), default=0)
+    """Server-wide counts of one step, including acceptance per draft position.
+
+    The per-position counts leave out drafts an idle draft model made across a hole in its KV
+    cache (``drafter_idle`` with drafts): they measure the draft model's agreement with the target
+    on the text, which the K policies and the acceptance-under-load chart read, while a hole's
+    blank tokens are the load's doing. The step's totals (drafted, accepted) count every draft,
+    as vLLM does."""
+    whole = [r for r in step.reqs if not r.drafter_idle]
+    k = max((len(r.drafted) for r in whole), default=0)
     # each request is one "step" of position_counts: position i is tested only if
     # every draft before it was kept
-    acc_pos, reached_pos = position_counts([r.accepted for r in step.reqs], [len(r.drafted) for r in step.reqs], k)
+    acc_pos, reached_pos = position_counts([r.accepted for r in whole], [len(r.drafted) for r in whole], k)
     drafted = sum(len(r.drafted) for r in step.reqs)
     accepted = sum(r.accepted for r in step.reqs)
     emitted = sum(len(r.emitted) for r in step.reqs)

@@ -49,6 +49,7 @@ import numpy as np
 # The scheduler-worker side channel (extra attributes, pickled with the objects vLLM sends):
 PLAN_ATTR = "spec_explorer_catch_up_plan"  # on SchedulerOutput: {request id: (first position, count)}
 APPLIED_ATTR = "spec_explorer_caught_up"  # on ModelRunnerOutput: {request id: tokens re-run}
+ZEROED_ATTR = "spec_explorer_holes_zeroed"  # on ModelRunnerOutput of a K=0 step: True if its holes hold zeros
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,16 @@ module trades that readiness for the cost, and buys it back when drafting pays a
 - the worker (``IdleDrafterWorker``, loaded inside vLLM's worker process with
   ``--worker-cls`` ``paths.IDLE_DRAFTER_WORKER``) skips the drafter's forward pass
   whenever the step asks for 0 draft tokens, returning the same empty
-  ``(batch, 0)`` proposal vLLM returns after that pass;
+  ``(batch, 0)`` proposal vLLM returns after that pass, and writes zeros into the
+  draft model's KV cache at the slots it skipped (``zero_kv_slots``, with each
+  layer's own KV writer; reported as ``catch_up.ZEROED_ATTR``): a block a request
+  gets may hold another request's draft KV, which a hole would otherwise expose;
 - the requests of such a step then have a hole in the draft model's KV cache. The
-  plugin's policy hooks (``policy_hooks.py``, in the scheduler) keep each hole, trim
-  the request's drafts while it lasts (drafts made from a hole never reach anyone)
-  and, in a later step with K > 0, plan its catch-up on the ``SchedulerOutput``
-  (``catch_up.PLAN_ATTR``: request id -> (first position, count));
+  plugin's policy hooks (``policy_hooks.py``, in the scheduler) keep each hole and,
+  in a later step with K > 0, plan its catch-up on the ``SchedulerOutput``
+  (``catch_up.PLAN_ATTR``: request id -> (first position, count)), with no drafts
+  for the request until then; a hole longer than the per-step budget is drafted
+  across instead (zeros where the skipped tokens are);
 - in that step's first draft pass the worker puts the request's missed tokens in
   front of its segment (``catch_up.prepend_catch_up``: the pass writes their KV
   before anything reads it) and reports what it re-ran on the ``ModelRunnerOutput``
@@ -43,10 +47,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from vllm.model_executor.layers.attention.attention import Attention
 from vllm.platforms import current_platform
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
-from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, MissedRange, prepend_catch_up
+from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, ZEROED_ATTR, MissedRange, prepend_catch_up
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
@@ -64,6 +69,34 @@ class StepCatchUp:
 
     plan: dict[str, tuple[int, int]] | None = None  # request id -> (first position, count)
     applied: dict[str, int] = field(default_factory=dict)  # request id -> tokens re-run
+    zeroed: bool = False  # a K=0 step: the draft KV at every skipped slot was written with zeros
+
+
+def draft_attention_layers(drafter) -> list:
+    """The draft model's attention layers, where vLLM's own KV writer can blank a slot, or [] when
+    one of them writes its KV inside its forward pass (no separate writer to call)."""
+    layers = [m for m in drafter.model.modules() if isinstance(m, Attention)]
+    writable = all(
+        not m.attn_backend.forward_includes_kv_cache_update and hasattr(m.impl, "do_kv_cache_update") for m in layers
+    )
+    return layers if writable else []
+
+
+def zero_kv_slots(layers: list, slot_mapping: torch.Tensor) -> bool:
+    """Write zeros as keys and values at ``slot_mapping`` [T] (int64; -1 = padding, skipped by the
+    writer) in every layer's KV cache, with the layer's own writer (the cache's layout is the
+    attention backend's). Why: a block a request gets may hold another request's draft KV, and a
+    position the draft model skipped would be read as it is (docs/catch-up-design.md section 7);
+    with zeros there, drafts made across a hole come from the request's own text alone."""
+    if not layers:
+        return False
+    n = slot_mapping.numel()
+    for layer in layers:
+        kv = layer.kv_cache
+        zeros_k = torch.zeros(n, layer.num_kv_heads, layer.head_size, dtype=kv.dtype, device=kv.device)
+        zeros_v = torch.zeros(n, layer.num_kv_heads, layer.head_size_v, dtype=kv.dtype, device=kv.device)
+        layer.impl.do_kv_cache_update(layer, zeros_k, zeros_v, kv, slot_mapping)
+    return True
 
 
 def rewrite_first_pass(kwargs: dict, plan: dict[str, tuple[int, int]], input_batch, drafter) -> tuple[dict, dict]:
@@ -114,8 +147,10 @@ def rewrite_first_pass(kwargs: dict, plan: dict[str, tuple[int, int]], input_bat
 
 
 def skip_at_zero(drafter, model_runner, step: StepCatchUp) -> None:
-    """Wrap one drafter instance's ``propose``: K = 0 runs no forward pass; K > 0 catches up."""
+    """Wrap one drafter instance's ``propose``: K = 0 runs no forward pass (and blanks the draft KV
+    it would have written); K > 0 catches up."""
     propose = drafter.propose
+    layers = draft_attention_layers(drafter)
     skipped = 0
     failed = 0
 
@@ -136,10 +171,18 @@ def skip_at_zero(drafter, model_runner, step: StepCatchUp) -> None:
         skipped += 1
         if skipped == 1:
             logger.info("idle drafter: K=0, the draft model's pass is skipped")
+        cad = kwargs["common_attn_metadata"]
+        try:  # the step's tokens at the target's slots (no drafts at K=0: all of them are kept)
+            step.zeroed = zero_kv_slots(layers, cad.slot_mapping[: cad.num_actual_tokens])
+        except Exception:  # never stop the engine: unreported, the scheduler keeps these holes undrafted
+            step.zeroed = False
+            failed += 1
+            if failed == 1:
+                logger.exception("idle drafter: blanking a hole's draft KV failed; holed requests draft no more")
         # the state vLLM's own K=0 return leaves behind
         drafter.num_speculative_tokens = 0
         drafter._last_draft_probs = None
-        batch = kwargs["common_attn_metadata"].batch_size()
+        batch = cad.batch_size()
         device = kwargs["next_token_ids"].device
         return torch.empty(batch, 0, device=device, dtype=torch.int64)  # [batch, K=0]
 
@@ -180,9 +223,12 @@ class IdleDrafterWorker(_PlatformWorker):
 
     def sample_tokens(self, grammar_output):
         step = self._catch_up
-        step.applied = {}
+        step.applied, step.zeroed = {}, False
         out = super().sample_tokens(grammar_output)
-        if step.applied and isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT:
-            setattr(out, APPLIED_ATTR, dict(step.applied))  # pickled back to the scheduler
-        step.applied = {}
+        if isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT:
+            if step.applied:
+                setattr(out, APPLIED_ATTR, dict(step.applied))  # pickled back to the scheduler
+            if step.zeroed:
+                setattr(out, ZEROED_ATTR, True)
+        step.applied, step.zeroed = {}, False
         return out

@@ -13,7 +13,9 @@ Contract: ``PolicyHooksMixin`` goes before ``tap.TapMixin`` on a vLLM v1 schedul
   (``catch_up.Missed``), plans each K>0 step's catch-up (whole holes, oldest first,
   within ``SPEC_EXPLORER_CATCH_UP_TOKENS`` and the step's token budget) on the
   ``SchedulerOutput`` for the worker, reads back what the worker re-ran, trims the
-  drafts of requests still holed (drafts made from a hole never reach anyone), and
+  drafts of requests waiting for their catch-up, lets a request whose hole is longer
+  than the budget draft across it once the worker reported the hole blanked (zeros
+  at the skipped slots: its drafts come from its own text alone; ``_hole``), and
   corrects a table policy's K where ``policy.k_policy.idle_drafter_k`` says so.
 
 It feeds the observing half through the tap's hooks: per-request verdicts go to the
@@ -37,7 +39,14 @@ from engine_adapter.acceptance import SlotEstimator
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS, auction, best_ceiling, idle_drafter_k
 from engine_adapter.records import visitor_count
-from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, Missed, select_within_budget, update_missed
+from engine_adapter.vllm_plugin.catch_up import (
+    APPLIED_ATTR,
+    PLAN_ATTR,
+    ZEROED_ATTR,
+    Missed,
+    select_within_budget,
+    update_missed,
+)
 from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER
 from engine_adapter.vllm_plugin.wire import (
     CATCH_UP_TOKENS_ENV,
@@ -63,6 +72,9 @@ class PolicyHooksMixin:
         # its cache has a hole for them; they draft nothing until the worker re-ran it
         self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
         self._missed: dict[str, Missed] = {}
+        # requests whose hole may hold another request's draft KV: a K=0 step of theirs whose slots the
+        # worker did not report blanked (ZEROED_ATTR); they never draft across it, only after a catch-up
+        self._unblanked: set[str] = set()
         spec = self.vllm_config.speculative_config
         # draft models only: an EAGLE head would need the target's hidden states at the missed tokens
         self._draft_model = spec is not None and spec.uses_draft_model()
@@ -165,25 +177,39 @@ class PolicyHooksMixin:
         since = time.monotonic() - RECENT_PEAK_S
         return max([b] + [n for t, n in self._recent_batches if t >= since])
 
-    def _trim_lost(self) -> None:
-        """No drafts for requests with a hole (a new list: async placeholders are shared)."""
-        for r in self.running:
-            if r.spec_token_ids and r.request_id in self._missed:
-                r.spec_token_ids = []
+    def _hole(self, request) -> str:
+        """What a request's hole in the draft KV means for its drafts this step:
 
-    def _may_draft(self, request) -> bool:
-        """No hole, or one the next step can catch up (it fits the per-step budget)."""
+        - ``"none"``: no hole; it drafts;
+        - ``"catch_up"``: one that fits the per-step budget: caught up in a step to come, no drafts
+          until then (the catch-up rewrites what the drafts would have been made from);
+        - ``"drafts_across"``: one longer than the budget, blanked at every K=0 step (zeros where the
+          skipped tokens are, ``idle_drafter.zero_kv_slots``): it drafts across the hole, from its
+          own text alone, and its acceptance estimate prices those drafts;
+        - ``"no_drafts"``: one longer than the budget that may hold another request's draft KV: no
+          drafts, since rejected drafts are shown to users.
+        """
         m = self._missed.get(request.request_id)
+        m = m.refreshed(request.num_computed_tokens) if m is not None else None
         if m is None:
-            return True
-        m = m.refreshed(request.num_computed_tokens)
-        return m is None or m.count <= self._catch_up_tokens
+            return "none"
+        if m.count <= self._catch_up_tokens:
+            return "catch_up"
+        return "no_drafts" if request.request_id in self._unblanked else "drafts_across"
+
+    def _trim_lost(self) -> None:
+        """No drafts for requests whose hole is to be caught up or may hold another's KV (a new
+        list: async placeholders are shared)."""
+        for r in self.running:
+            if r.spec_token_ids and r.request_id in self._missed and self._hole(r) in ("catch_up", "no_drafts"):
+                r.spec_token_ids = []
 
     def _able_to_draft(self, fresh: list) -> tuple[list, bool]:
         """The running requests that can draft this step, and whether a drafter is to be engaged
         (a new request's prefill, or a holed one's catch-up)."""
-        able = [r for r in self.running if self._may_draft(r)]
-        return able, bool(fresh) or any(r.request_id in self._missed for r in able)
+        holes = {r.request_id: self._hole(r) for r in self.running}
+        able = [r for r in self.running if holes[r.request_id] != "no_drafts"]
+        return able, bool(fresh) or "catch_up" in holes.values()
 
     def _track_holes(self, out) -> None:
         """After vLLM scheduled a step: open or grow holes at K=0, plan their catch-up at K>0."""
@@ -211,6 +237,7 @@ class PolicyHooksMixin:
                 m = self._missed[rid].refreshed(starts[rid])
                 if m is None:  # recomputed from before its hole (preempted): this pass rewrites it
                     del self._missed[rid]
+                    self._unblanked.discard(rid)
                 else:
                     self._missed[rid] = m
                     holed.append((rid, m))
@@ -269,14 +296,22 @@ class PolicyHooksMixin:
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
-        """The worker says which planned holes it re-ran (``catch_up.APPLIED_ATTR``); those close."""
+        """The worker says which planned holes it re-ran (``catch_up.APPLIED_ATTR``); those close.
+        After a K=0 step it says whether it blanked the skipped slots (``ZEROED_ATTR``)."""
         plan = self._plans.pop(id(scheduler_output), None)
         if plan:
             applied = getattr(model_runner_output, APPLIED_ATTR, None) or {}
             for rid, (_first, count) in plan.items():
                 if applied.get(rid) == count:
                     self._missed.pop(rid, None)
+                    self._unblanked.discard(rid)
                     self._caught_up_now[rid] = count
+        if (
+            self._idle_drafter
+            and scheduler_output.num_spec_tokens_to_schedule == 0
+            and not getattr(model_runner_output, ZEROED_ATTR, False)
+        ):
+            self._unblanked.update(rid for rid in scheduler_output.num_scheduled_tokens if rid in self._missed)
         try:
             return super().update_from_output(scheduler_output, model_runner_output)
         finally:
@@ -289,12 +324,13 @@ class PolicyHooksMixin:
 
     # --- the tap's hooks ----------------------------------------------------------
     def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool) -> bool:
+        lost = req_id in self._missed  # drafts verified with a hole open were made across it
         if num_drafted:
-            self._estimator.observe(req_id, num_drafted, accepted)
-        lost = req_id in self._missed
+            self._estimator.observe(req_id, num_drafted, accepted, pooled=not lost)
         if finished:
             self._estimator.forget(req_id)
             self._missed.pop(req_id, None)
+            self._unblanked.discard(req_id)
         return lost
 
     def _caught_up(self, req_id: str) -> int:
@@ -306,5 +342,6 @@ class PolicyHooksMixin:
     def _forget_gone(self) -> None:
         for rid in [r for r in self._missed if r not in self.requests]:  # (the idle drafter needs the tap)
             del self._missed[rid]
+        self._unblanked &= self._missed.keys()
         for rid in [r for r in self._estimator.per_request if r not in self.requests]:
             self._estimator.forget(rid)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import plotly.graph_objects as go
 
 from engine_adapter.acceptance import alpha_from_histogram, per_position_acceptance
+from engine_adapter.provenance import drafted_across_hole
 from engine_adapter.records import RequestResult, Step
 
 CARD_CHART_HEIGHT = 220  # pixels
@@ -56,8 +57,9 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
 
 def _drafter_holes(steps: Sequence[Step]) -> list[str]:
     """Per hole an idle draft model left in this request: when it opened, and when it was caught
-    up (or that it never was)."""
+    up, or drafted across, or neither."""
     lines, opened = [], None
+    across = sorted(drafted_across_hole(steps))
     for s in steps:
         if s.drafter_idle and opened is None:
             opened = s.index
@@ -68,7 +70,14 @@ def _drafter_holes(steps: Sequence[Step]) -> list[str]:
                 f"had missed, and drafts for this request again from step {s.index + 1}."
             )
             opened = None
-    if opened is not None:
+    if opened is not None and across and across[0] > opened:
+        lines.append(
+            f"- **drafter idle from step {opened}, drafting across the hole from step {across[0]}**: the load "
+            "put K at 0 and the draft model skipped this request; the hole grew past the catch-up budget, so it "
+            "was never re-run. The draft model drafts on from this request's own text with the skipped tokens "
+            "blank (zeros in its KV cache): fewer of its drafts are kept, and none carries another request's text."
+        )
+    elif opened is not None:
         lines.append(
             f"- **drafter idle from step {opened}**: the load put K at 0, the draft model skipped this request "
             f"to save its cost and had not caught up when the request ended (the last "

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
+from engine_adapter.provenance import drafted_across_hole
 from engine_adapter.records import Step, Token
 
 KIND_LABEL = MappingProxyType(
@@ -63,7 +64,7 @@ def token_html(text: str) -> str:
     return _visible(text) if text else '<span class="tv-sp">∅</span>'
 
 
-def _tip(tok: Token, step: Step) -> str:
+def _tip(tok: Token, step: Step, across: bool = False) -> str:
     lines = [
         KIND_LABEL.get(tok.kind, tok.kind),
         f"step {step.index} · K in force {step.k} · batch size {step.batch_size}",
@@ -75,8 +76,16 @@ def _tip(tok: Token, step: Step) -> str:
         lines.append(f"replaced draft id {step.drafted[step.accepted]}")
     if step.drafted is None and step.num_drafted:
         lines.append("(attached server: draft ids unknown, counts only)")
-    if step.drafter_idle:
-        lines.append("drafter idle for this request: it skipped the request at a K=0 step; no drafts until caught up")
+    if across:
+        lines.append(
+            "drafted across a hole: the draft model skipped this request at K=0 steps and the hole outgrew the "
+            "catch-up budget, so it drafts from the request's own text with the skipped tokens blank"
+        )
+    elif step.drafter_idle:
+        lines.append(
+            "drafter idle for this request: it skipped the request at a K=0 step; it drafts again once caught up "
+            "(or across the hole, if the hole outgrows the catch-up budget)"
+        )
     if step.caught_up:
         lines.append(f"drafter caught up {step.caught_up} tokens at step {step.index}: drafts again from the next step")
     return inert("\n".join(lines))
@@ -91,14 +100,15 @@ def token_view_value(
     footer: str | None = None,
     prompt: str | None = None,
 ) -> dict[str, Any]:
+    across = drafted_across_hole(steps)
     return {
         "prompt": _visible(prompt) if prompt else None,
         "steps": [
             {
                 "i": s.index,
                 "ts": f"{float(s.t):.6f}",  # a number only: inert as it is
-                "t": [{"h": token_html(t.text), "k": t.kind, "tip": _tip(t, s)} for t in s.tokens],
-                "r": [{"h": token_html(t.text), "tip": _tip(t, s)} for t in s.rejected],
+                "t": [{"h": token_html(t.text), "k": t.kind, "tip": _tip(t, s, s.index in across)} for t in s.tokens],
+                "r": [{"h": token_html(t.text), "tip": _tip(t, s, s.index in across)} for t in s.rejected],
             }
             for s in steps
         ],

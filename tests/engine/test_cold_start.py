@@ -95,3 +95,20 @@ def test_measuring_again_waits_for_requests_and_refuses_new_ones(cold_service):
 
 
 # raising the load lowers the K in force under auto: tests/ui/test_cold_start_browser.py, as the page shows it
+
+
+def test_a_warm_launch_starts_from_the_acceptance_the_profile_measured(cold_service, tiny):
+    """A launch that finds the cost model cached (every start after a machine's first) takes the
+    acceptance the profile measured with it, not the 0.5 guess (under which the auto table drafted
+    nowhere on the packaged pair, and so never measured anything to correct it)."""
+    svc, _ = cold_service
+    svc.start(tiny_config(tiny, "draft", "close", k=3, k_max=5)).result(timeout=300)
+    assert svc.status().state == "ready", svc.status()
+    v = svc.policy_view()
+    assert v.cost_source == "cache"
+    assert v.state.spec.kind == "auto"
+    # no drafts since this launch: the alphas are the profile's (a 'close' draft: 0.6-0.85), not 0.5
+    assert v.alphas[0] > 0.55, v.alphas
+    assert v.state.auto.k_by_batch[0] > 0, v.state.auto.rows
+    result = asyncio.run(_run(svc, "def fibonacci(n):", 32))
+    assert "accepted" in result.kinds, result.kinds

@@ -241,7 +241,9 @@ def _check_caught_up_once(r, opened_at: int) -> int:
     prefill = r.num_prompt_tokens - 1 if opened_at == 0 else 0  # step 0 computed the prompt, emitted 1
     assert catch[0].caught_up == prefill + sum(len(s.emitted) for s in r.steps if opened_at <= s.index < at), _seen(r)
     holed = [s for s in r.steps if opened_at <= s.index < at]
-    assert all(s.drafter_idle and s.num_drafted == 0 for s in holed), _seen(r)
+    # the step the hole opened at may verify drafts proposed before it (when the request ran a
+    # step alone before the other arrived); none are made while the hole is open
+    assert all(s.drafter_idle for s in holed) and not any(s.num_drafted for s in holed[1:]), _seen(r)
     after = [s for s in r.steps if s.index > at]
     assert after and not any(s.drafter_idle for s in after), _seen(r)
     drafted, accepted = sum(s.num_drafted for s in after), sum(s.accepted for s in after)
@@ -253,8 +255,8 @@ def _check_caught_up_once(r, opened_at: int) -> int:
 @pytest.mark.parametrize("catch_up_tokens", [DEFAULT_CATCH_UP_TOKENS, 0])
 async def test_an_idle_drafter_skips_k0_steps_and_catches_up_after(live_engine, engines, catch_up_tokens):
     """K=0 while two requests run, K=4 when one is left: the long one's draft model skipped the
-    shared steps; it catches them up and drafts again, or, with no catch-up budget, never drafts
-    again (and the step runs at K=0: nobody can use a draft)."""
+    shared steps; it catches them up and drafts again, or, with no catch-up budget, drafts across
+    the hole (blanked with zeros at the K=0 steps) without ever catching it up."""
     assert live_engine.process.config.drafter_idles
     plain = await engines.get("off")
     long_ref = await run(plain, PROMPTS[0], max_tokens=400)
@@ -271,8 +273,8 @@ async def test_an_idle_drafter_skips_k0_steps_and_catches_up_after(live_engine, 
         assert _check_caught_up_once(long, opened_at) > shared[-1].index
     else:
         alone_after = [s for s in long.steps if s.index > shared[-1].index + 1 and s.batch_size == 1]
-        assert alone_after and all(s.k == 0 for s in alone_after), _seen(long)
-        assert all(s.num_drafted == 0 and s.drafter_idle for s in alone_after)
+        assert alone_after and all(s.k == 4 and s.drafter_idle for s in alone_after), _seen(long)
+        assert sum(s.num_drafted for s in alone_after) > 0, _seen(long)  # across the hole
         assert not any(s.caught_up for s in long.steps)
     # a request that starts alone drafts at K=4, from a drafter cache that is whole
     fresh = await _steps_of(live_engine, PROMPTS[2], 24)
@@ -280,7 +282,7 @@ async def test_an_idle_drafter_skips_k0_steps_and_catches_up_after(live_engine, 
     assert sum(s.num_drafted for s in fresh.steps) > 0 and sum(s.accepted for s in fresh.steps) > 0
     log = live_engine.process.log_path.read_text(errors="replace")
     assert "skips its pass in steps with K=0" in log and "the draft model's pass is skipped" in log
-    assert "a catch-up failed" not in log
+    assert "a catch-up failed" not in log and "blanking a hole's draft KV failed" not in log
     await live_engine.client.set_catch_up_tokens(DEFAULT_CATCH_UP_TOKENS)
 
 

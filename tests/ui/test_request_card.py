@@ -109,6 +109,24 @@ def test_the_card_and_the_tooltips_say_when_the_drafter_caught_up():
     assert not any("drafter caught up" in t for n in (0, 1, 2, 4) for t in tips[n])
 
 
+def test_the_card_and_the_tooltips_say_when_the_drafter_drafted_across_its_hole():
+    """A hole longer than the catch-up budget: the request drafts again without a catch-up."""
+    steps = [
+        _step(0, [1], [], 0, False),
+        _step(1, [2], [], 0, True),  # K=0: the hole opens
+        _step(2, [3], [], 0, True),
+        _step(3, [4, 5], [8, 9], 1, True),  # drafts made at the end of step 2, across the hole
+        _step(4, [6], [7], 0, True),
+    ]
+    card = card_markdown(_result(steps))
+    assert "drafter idle from step 1, drafting across the hole from step 3" in card
+    assert "came from the target alone" not in card and "caught up" not in card
+    tips = [[t["tip"] for t in s["t"]] for s in token_view_value(steps)["steps"]]
+    assert all("drafted across a hole" in t for n in (3, 4) for t in tips[n])
+    assert not any("drafted across" in t for n in (0, 1, 2) for t in tips[n])
+    assert all("drafter idle for this request" in t for n in (1, 2) for t in tips[n])
+
+
 @pytest.mark.parametrize(
     "ks, says",
     [

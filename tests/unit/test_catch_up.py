@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine_adapter.engine.tap_receiver import summarize
 from engine_adapter.vllm_plugin.catch_up import (
     Missed,
     MissedRange,
@@ -12,6 +13,7 @@ from engine_adapter.vllm_plugin.catch_up import (
     select_within_budget,
     update_missed,
 )
+from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep
 
 # A first pass of three requests, as vLLM's padded drafter batch lays it out:
 # r0 a decode with 2 drafts at positions 10-12, r1 a decode at 20, r2 a prefill chunk at 0-3.
@@ -187,3 +189,25 @@ def test_the_range_reads_the_requests_own_ids():
     row = np.arange(1000, 1030, dtype=np.int32)  # token_ids_cpu row: position p holds 1000 + p
     r = Missed(17, 19, 4).as_range(row)
     assert (r.start, list(r.token_ids), r.since_step, len(r)) == (17, [1017, 1018, 1019], 4, 3)
+
+
+@pytest.mark.parametrize(
+    "rows, accepted_per_pos, reached_per_pos, totals",
+    [
+        # (drafted, accepted, drafter_idle) per request
+        ([(3, 3, False), (3, 1, False)], (2, 1, 1), (2, 2, 1), (6, 4)),
+        # drafts across a hole count in the totals (vLLM's own), not per position
+        ([(3, 3, False), (3, 0, True)], (1, 1, 1), (1, 1, 1), (6, 3)),
+        ([(2, 1, True)], (), (), (2, 1)),
+    ],
+)
+def test_the_tap_summary_leaves_drafts_across_a_hole_out_of_the_per_position_counts(
+    rows, accepted_per_pos, reached_per_pos, totals
+):
+    reqs = [
+        TapRequestStep(f"cmpl-r{i}-0-1a2b3c4d", list(range(n)), a, [0] * (a + 1), None, 10, drafter_idle=idle)
+        for i, (n, a, idle) in enumerate(rows)
+    ]
+    s = summarize(TapStep(1, 1.0, 0.01, 0.01, len(rows), 3, 4 * len(rows), 0.0, 0, reqs))
+    assert (s.accepted_per_pos, s.reached_per_pos) == (accepted_per_pos, reached_per_pos)
+    assert (s.num_drafted, s.num_accepted) == totals

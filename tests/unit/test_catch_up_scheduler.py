@@ -19,7 +19,7 @@ pytest.importorskip("vllm")
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 
-from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, Missed  # noqa: E402
+from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, ZEROED_ATTR, Missed  # noqa: E402
 from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER  # noqa: E402
 from engine_adapter.vllm_plugin.policy_hooks import PolicyHooksMixin  # noqa: E402
 from engine_adapter.vllm_plugin.tap import TapMixin  # noqa: E402
@@ -92,21 +92,24 @@ class Plugged(PolicyHooksMixin, TapMixin, ScriptedScheduler):
     """The plugin's order, as in schedulers.py."""
 
 
-def worker_output(applied: dict[str, int] | None) -> ModelRunnerOutput:
+def worker_output(applied: dict[str, int] | None, zeroed: bool = False) -> ModelRunnerOutput:
     out = ModelRunnerOutput(req_ids=[], req_id_to_index={})
     if applied is not None:
         setattr(out, APPLIED_ATTR, applied)
+    if zeroed:
+        setattr(out, ZEROED_ATTR, True)
     return out
 
 
-def run_steps(sched: Plugged, steps: list[tuple]) -> list[dict | None]:
-    """steps: (K, segments, new, worker's applied); returns each step's plan."""
+def run_steps(sched: Plugged, steps: list[tuple], blanked: bool = True) -> list[dict | None]:
+    """steps: (K, segments, new, worker's applied); returns each step's plan. ``blanked``: the
+    worker reports the skipped slots of each K=0 step written with zeros (the idle drafter does)."""
     plans = []
     for k, segments, new, applied in steps:
         sched.script.append(step_output(k, segments, frozenset(new)))
         out = sched.schedule()
         plans.append(getattr(out, PLAN_ATTR, None))
-        sched.update_from_output(out, worker_output(applied))
+        sched.update_from_output(out, worker_output(applied, zeroed=blanked and k == 0))
     return plans
 
 
@@ -205,11 +208,44 @@ def test_a_holed_request_gets_no_drafts_until_caught_up(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "budget, computed, may",
-    [(128, 14, True), (4, 14, True), (3, 14, False), (0, 14, False), (0, 10, True)],  # hole from 10
+    "budget, computed, blanked, hole",
+    [
+        (128, 14, True, "catch_up"),  # a hole of 4 from position 10: caught up in the next step
+        (4, 14, True, "catch_up"),
+        (3, 14, True, "drafts_across"),  # longer than the budget, zeros in it: drafts across it
+        (3, 14, False, "no_drafts"),  # longer than the budget, and maybe another request's KV in it
+        (0, 14, True, "drafts_across"),  # no catch-up at all
+        (0, 14, False, "no_drafts"),
+        (0, 10, True, "none"),  # recomputed from the hole's start (preempted): no hole
+    ],
 )
-def test_a_holed_request_may_draft_when_its_hole_fits_the_budget(monkeypatch, budget, computed, may):
+def test_what_a_hole_means_for_a_requests_drafts(monkeypatch, budget, computed, blanked, hole):
     monkeypatch.setenv(CATCH_UP_TOKENS_ENV, str(budget))
     sched = Plugged()
-    run_steps(sched, [(0, {"a": (10, 1)}, (), None)])
-    assert sched._may_draft(Request("a", computed)) is may
+    run_steps(sched, [(0, {"a": (10, 1)}, (), None)], blanked=blanked)
+    assert sched._hole(Request("a", computed)) == hole
+
+
+@pytest.mark.parametrize("blanked, kept", [(True, [7, 8, 9]), (False, [])])
+def test_a_hole_over_the_budget_is_drafted_across_only_when_blanked(monkeypatch, blanked, kept):
+    monkeypatch.setenv(CATCH_UP_TOKENS_ENV, "2")
+    sched = Plugged()
+    a = Request("a", 13)
+    sched.running = [a]
+    run_steps(sched, [(0, {"a": (10, 1)}, (), None), (0, {"a": (11, 1)}, (), None)], blanked=blanked)
+    a.spec_token_ids = [7, 8, 9]  # a hole of 3 (10-12) > 2: never planned
+    assert run_steps(sched, [(3, {"a": (13, 1)}, (), None)]) == [None]
+    assert a.spec_token_ids == kept and "a" in sched._missed  # the hole stays, drafted across or not
+
+
+def test_a_catch_up_clears_an_unblanked_hole(monkeypatch):
+    """Once re-run, the hole's slots hold the request's own KV, blanked or not before."""
+    monkeypatch.setenv(CATCH_UP_TOKENS_ENV, "128")
+    sched = Plugged()
+    a = Request("a", 12)
+    sched.running = [a]
+    run_steps(sched, [(0, {"a": (10, 1)}, (), None), (0, {"a": (11, 1)}, (), None)], blanked=False)
+    assert sched._hole(a) == "catch_up"
+    run_steps(sched, [(3, {"a": (12, 1)}, (), {"a": 2})])
+    a.num_computed_tokens = 13
+    assert sched._hole(a) == "none" and not sched._unblanked

@@ -152,6 +152,17 @@ def test_slot_estimator_shrinks_toward_pooled():
     assert est.alphas("good") == est.pooled_alphas()
 
 
+def test_drafts_across_a_hole_teach_their_own_request_only():
+    """An idle draft model drafting across a hole (the load's doing) prices that request alone."""
+    est = SlotEstimator(k_max=3, prior=0.9, strength=2.0)
+    for _ in range(8):
+        est.observe("holed", num_drafted=3, accepted=0, pooled=False)
+    assert est.pooled_alphas() == pytest.approx([0.9, 0.9, 0.9])  # the pool and ...
+    assert est.calibration() == [1.0, 1.0, 1.0]  # ... the calibration saw nothing
+    assert est.alphas("holed")[0] == pytest.approx((0 + 2 * 0.9) / 10)
+    assert est.alphas("whole") == pytest.approx([0.9, 0.9, 0.9])
+
+
 def test_slot_scores_are_calibrated_against_what_was_kept():
     est = SlotEstimator(k_max=3, prior=0.5, strength=2.0, calibration_strength=5.0)
     assert est.calibration() == [1.0, 1.0, 1.0]

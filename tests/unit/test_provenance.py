@@ -10,7 +10,14 @@ import pytest
 from vllm.v1.metrics.stats import RequestSpecDecodeMetrics
 
 from engine_adapter.acceptance import alpha_from_histogram, per_position_acceptance
-from engine_adapter.provenance import kinds_for_step, metrics_from_histogram, metrics_from_steps, steps_from_counts
+from engine_adapter.provenance import (
+    drafted_across_hole,
+    kinds_for_step,
+    metrics_from_histogram,
+    metrics_from_steps,
+    steps_from_counts,
+)
+from engine_adapter.records import Step
 
 # --- kinds_for_step ---------------------------------------------------------
 
@@ -208,3 +215,22 @@ def test_steps_from_counts_random_unmerged(seed, cut):
     for g, t in zip(got, truth):  # steps that emitted > 1 token sit exactly where they were
         if t[2] > 1:
             assert g == t
+
+
+@pytest.mark.parametrize(
+    "steps, across",
+    [
+        # (num_drafted, drafter_idle, caught_up) per step
+        ([(0, False, 0), (3, False, 0)], set()),  # no hole
+        ([(0, True, 0), (0, True, 0), (3, True, 0)], {2}),  # drafts proposed after step 1, across its hole
+        ([(0, True, 0), (0, False, 2), (3, False, 0)], set()),  # caught up at step 1: clean drafts at step 2
+        ([(3, True, 0), (0, True, 0)], set()),  # the hole opened at step 0 after its drafts were verified
+        ([(0, True, 0), (0, True, 0)], set()),  # a hole, no drafts
+    ],
+)
+def test_drafted_across_hole(steps, across):
+    records = [
+        Step(i, float(i), 0.0, 1, n, None, n, 0, [1], drafter_idle=idle, caught_up=cu)
+        for i, (n, idle, cu) in enumerate(steps)
+    ]
+    assert drafted_across_hole(records) == across
