@@ -2,7 +2,7 @@
 
     python -m engine_adapter.sweep --concurrency 1,2,4,8,16 \\
         --policies off,k1,k3,k5,table,auto,auction --prompts FILE --max-tokens N \\
-        --out sweep.csv [--method draft] [--table JSON] [--k-max 5] [--by-category]
+        --out sweep.csv [--method draft] [--table JSON] [--k-max 5] [--by-category] [--reserved-cpus N]
         [--window-s 20 | --window-s 0] [--repeats N] [--steps-out STEPS.jsonl]
 
 Policies: ``off`` (an engine started with speculation off), ``kN`` (fixed
@@ -100,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)
+    p.add_argument(
+        "--reserved-cpus",
+        type=int,
+        default=None,
+        help="cores vLLM keeps free of its worker (default: vLLM's own, 1; the app runs with 0)",
+    )
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.policies = args.policies.split(",")

@@ -60,6 +60,7 @@ class SweepSettings:
     target: str
     draft: str
     kv_cache_gib: int
+    reserved_cpus: int | None = None  # cores vLLM keeps free of its worker (None: vLLM's default, 1)
 
 
 def read_categories(path: Path) -> dict[str, list[str]]:
@@ -102,7 +103,8 @@ async def _start_live(
     ctl = live.controller
     path = config_cache_path(cfg)
     ctl.cost = None if settings.reprofile else load_cached(path, cfg.method == "draft")
-    if ctl.cost is None:
+    profiled = ctl.cost is None
+    if profiled:
         _say("== profiling the cost model")
         ctl.cost = await profile_engine(
             engine.client,
@@ -111,7 +113,6 @@ async def _start_live(
             cfg.method == "draft",
             progress=lambda p: _say(f"   {p.message} ({p.fraction:.0%})"),
         )
-        save_cached(path, ctl.cost)
     _say(
         f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
         f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
@@ -119,6 +120,8 @@ async def _start_live(
     # acceptance for "auto" before anything else ran: one short pass at K = k_max
     await ctl.apply(PolicySpec("fixed", k_max))
     live.counts.add((await run_policy(engine, prompts[:4], 4, settings.max_tokens)).steps)
+    if profiled:  # with the acceptance just measured: the app shares this cache (the same engine settings)
+        save_cached(path, ctl.cost, live.counts)
     return live
 
 
@@ -187,6 +190,7 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
         max_model_len=2048,
         max_num_seqs=max(max(settings.concurrency), 16),
         kv_cache_gib=settings.kv_cache_gib,
+        reserved_cpus=settings.reserved_cpus,
     )
     engines: dict[str, LiveEngine] = {}
     live: _LivePolicies | None = None
