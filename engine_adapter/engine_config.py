@@ -105,8 +105,8 @@ class EngineConfig:
     # K=0 (``idle_drafter.py``). vLLM's own behaviour (the pass always runs) is False.
     idle_drafter: bool = True
     # With the idle drafter: the most tokens per step its draft model re-runs to catch requests up
-    # on the tokens it skipped at K=0 (a request whose hole is longer waits without drafts);
-    # 0 = never catch up (a request that lived through K=0 never drafts again); None = the
+    # on the tokens it skipped at K=0 (a request whose hole is longer drafts across it, the skipped
+    # tokens blank); 0 = never catch up (every holed request drafts across its hole); None = the
     # plugin's default (``vllm_plugin.wire.DEFAULT_CATCH_UP_TOKENS``)
     catch_up_tokens: int | None = None
     extra_args: list[str] = field(default_factory=list)

@@ -165,7 +165,7 @@ class EngineClient:
 
     async def set_catch_up_tokens(self, tokens: int) -> None:
         """The idle drafter's catch-up budget, live: the most tokens per step its draft model
-        re-runs for requests with a hole (0 = none: such a request never drafts again)."""
+        re-runs for requests with a hole (0 = none: such a request drafts across its hole)."""
         self._check_live()
         if not 0 <= int(tokens) <= MAX_CATCH_UP_TOKENS:
             raise ValueError(f"catch-up tokens must be between 0 and {MAX_CATCH_UP_TOKENS}; got {tokens}")
