@@ -1,16 +1,19 @@
 """Experiment: are a draft model's drafts accepted as usual after the idle drafter skipped tokens?
 
-    .venv/bin/python scripts/drafter_holes.py [--mode catch-up|holes] [--prompts FILE]
+    .venv/bin/python scripts/drafter_holes.py [--mode catch-up|across] [--prompts FILE]
         [--category code,story] [--gaps 0,2,8,24] [--start 15] [--max-tokens 256] [--window 96]
         [--out steps.json] [--reserved-cpus 0]
 
 Why: with the idle drafter (``engine_adapter/vllm_plugin/idle_drafter.py``) a request that
 lives through a K=0 step has a hole in the draft model's KV cache. Two ways on:
 
-- ``catch-up`` (the plugin as shipped): when K is above 0 again the draft model re-runs the
-  missed tokens in its first pass (``catch_up.py``), and the request drafts from the next step;
-- ``holes`` (an experiment only): ``HolesTapAsyncScheduler`` below lets the request draft with
-  the hole, never caught up (drafts shaped by whatever the hole's KV holds).
+- ``catch-up`` (the plugin as shipped, its default budget): when K is above 0 again the draft
+  model re-runs the missed tokens in its first pass (``catch_up.py``), and the request drafts
+  from the next step;
+- ``across`` (the plugin as shipped with a catch-up budget of 0, what a hole longer than the
+  budget gets): the request drafts across the hole, never caught up, with zeros in the draft KV
+  at the skipped tokens (``idle_drafter.zero_kv_slots``). Before commit ebba03b a ``holes`` mode
+  let a patched scheduler draft across holes that held whatever KV was there (07289dc's figures).
 
 How: the packaged pair, one request at a time, greedy, ``ignore_eos``, live K=3. Per prompt, a
 reference run at K=0 throughout (the target alone: what speculation off writes), a control run
@@ -39,21 +42,9 @@ sys.path.insert(0, str(ROOT))
 from engine_adapter.engine.live_engine import LiveEngine  # noqa: E402
 from engine_adapter.engine_config import EngineConfig  # noqa: E402
 from engine_adapter.records import RequestResult, Step  # noqa: E402
-from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler  # noqa: E402
 from engine_adapter.vllm_plugin.wire import DEFAULT_CATCH_UP_TOKENS  # noqa: E402
 
 K = 3
-
-
-class HolesTapAsyncScheduler(TapAsyncScheduler):
-    """The tap's scheduler, except that a request with a hole drafts with it (the run sets the
-    catch-up budget to 0, so the hole is never filled)."""
-
-    def _trim_lost(self) -> None:
-        """Keep the drafts of requests with a hole."""
-
-    def _may_draft(self, request) -> bool:
-        return True  # no "nobody can draft" rule
 
 
 async def run_one(
@@ -97,7 +88,7 @@ def compare(runs: dict[int, list[list[int]]], window: int) -> dict[int, list[int
 
 async def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mode", choices=("catch-up", "holes"), default="catch-up")
+    ap.add_argument("--mode", choices=("catch-up", "across"), default="catch-up")
     ap.add_argument("--prompts", default=str(ROOT / "prompts" / "presets.jsonl"))
     ap.add_argument("--category", default="code", help="one or more, comma-separated")
     ap.add_argument("--gaps", default="0,2,8,24")
@@ -111,15 +102,14 @@ async def main() -> int:
     lines = [json.loads(line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     categories = set(args.category.split(","))
     prompts = [d["prompt"] for d in lines if d.get("category") in categories]
-    holes = args.mode == "holes"
-    scheduler = ["--scheduler-cls", f"scripts.drafter_holes.{HolesTapAsyncScheduler.__name__}"] if holes else []
-    cfg = EngineConfig(method="draft", k=K, k_max=K, reserved_cpus=args.reserved_cpus, extra_args=scheduler)
+    across = args.mode == "across"
+    cfg = EngineConfig(method="draft", k=K, k_max=K, reserved_cpus=args.reserved_cpus)
     engine = await LiveEngine.launch(cfg)
     totals: dict[int, list[int]] = collections.defaultdict(lambda: [0, 0, 0, 0])
     caught: dict[int, int] = collections.defaultdict(int)
     record, same = [], True
     try:
-        await engine.client.set_catch_up_tokens(0 if holes else DEFAULT_CATCH_UP_TOKENS)
+        await engine.client.set_catch_up_tokens(0 if across else DEFAULT_CATCH_UP_TOKENS)
         for n, prompt in enumerate(prompts):
             await engine.client.set_k(0)  # the reference: the target alone, as speculation off writes
             _, ref = await run_one(engine, prompt, 0, args.start, args.max_tokens)
