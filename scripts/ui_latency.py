@@ -191,6 +191,12 @@ def readout_numbers(text: str) -> tuple[int | None, int | None]:
     return (int(flight.group(1)) if flight else 0), (int(running.group(1)) if running else None)
 
 
+def readout_tokens_per_s(text: str) -> float | None:
+    """The background load's tokens/s from #load-readout (None without a load)."""
+    m = re.search(r"([0-9.]+)\s*tokens/s", text)
+    return float(m.group(1)) if m else None
+
+
 class Session:
     """One browser page on the app: the load slider, foreground runs, the observer's records."""
 
@@ -262,15 +268,17 @@ class Session:
             got, n = self.run_once()
             seen += got
             expected += n
-        _, now_running = readout_numbers(self.page.locator("#load-readout").inner_text())
+        readout = self.page.locator("#load-readout").inner_text()
+        _, now_running = readout_numbers(readout)
         left_ms = start_ms + self.s.window_s * 1000 - self.page.evaluate("() => Date.now()")
         if left_ms > 0:
             self.page.wait_for_timeout(left_ms)
         end_ms = self.page.evaluate("() => Date.now()")
         charts = self.page.evaluate("() => window.__uiLatency.charts")
         seen_running = max(x for x in (running, now_running, 0) if x is not None)
+        bg_rate = readout_tokens_per_s(readout) if load else 0.0
         return summarise_level(
-            load, self.s.requests, seen, offset_s, expected, charts, (start_ms, end_ms), seen_running
+            load, self.s.requests, seen, offset_s, expected, charts, (start_ms, end_ms), seen_running, bg_rate
         )
 
 
@@ -392,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_tokens": settings.max_tokens,
         "requests_per_level": settings.requests,
         "prompt": settings.prompt,
-        "levels": [asdict(r) for r in results],
+        "levels": [asdict(r) | {"total_tokens_per_s": r.total_tokens_per_s} for r in results],
         **extra,
         "app_exited_on_sigint": clean,
         "killed_after_stop": left,

@@ -65,6 +65,16 @@ class LevelResult:
     chart_refresh_per_s: float
     max_chart_gap_ms: float | None  # the longest time between two redraws in the window
     running_in_engine: int | None = None  # the readout's figure while the level ran
+    # tokens/s: the foreground requests' decoding (engine step times: tokens after each request's first
+    # step over the time from its first step to its last), and the background load's (the page's readout)
+    foreground_tokens_per_s: float | None = None
+    background_tokens_per_s: float | None = None
+
+    @property
+    def total_tokens_per_s(self) -> float | None:
+        if self.foreground_tokens_per_s is None:
+            return None
+        return self.foreground_tokens_per_s + (self.background_tokens_per_s or 0.0)
 
 
 def clock_offset(wall: Callable[[], float], mono: Callable[[], float], n: int = 9) -> tuple[float, float]:
@@ -101,6 +111,22 @@ def step_latencies(seen: Sequence[StepSeen], offset_s: float) -> list[StepLatenc
     ]
 
 
+def foreground_rate(seen: Sequence[StepSeen]) -> float | None:
+    """Tokens per second of the foreground requests' decoding, pooled: the tokens of every step
+    after a request's first (its prefill's token is the time to first token, not decoding) over
+    the time from its first step to its last, by the engine's own step times (seconds)."""
+    by_request: dict[int, dict[int, StepSeen]] = {}
+    for s in seen:
+        by_request.setdefault(s.request, {}).setdefault(s.step, s)
+    tokens, span = 0, 0.0
+    for steps in by_request.values():
+        ordered = sorted(steps.values(), key=lambda s: s.t)
+        if len(ordered) >= 2:
+            tokens += sum(s.tokens for s in ordered[1:])
+            span += ordered[-1].t - ordered[0].t
+    return tokens / span if span > 0 else None
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     if not values:
         return None
@@ -130,6 +156,7 @@ def summarise_level(
     chart_ms: Sequence[float],
     window_ms: tuple[float, float],
     running_in_engine: int | None = None,
+    background_tokens_per_s: float | None = None,
 ) -> LevelResult:
     steps = step_latencies(seen, offset_s)
     lat = [s.latency_ms for s in steps]
@@ -150,6 +177,8 @@ def summarise_level(
         chart_refresh_per_s=rate,
         max_chart_gap_ms=gap,
         running_in_engine=running_in_engine,
+        foreground_tokens_per_s=foreground_rate(seen),
+        background_tokens_per_s=background_tokens_per_s,
     )
 
 
@@ -157,12 +186,21 @@ def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
 
 
+def _rate(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
 def table(results: Sequence[LevelResult]) -> str:
-    head = "load  running  requests  steps (of)  p50 ms  p95 ms  max ms  net p50  net p95  chart/s  max gap ms"
+    head = (
+        "load  running  requests  steps (of)  p50 ms  p95 ms  max ms  net p50  net p95  chart/s  max gap ms"
+        "  fg tok/s  bg tok/s  total tok/s"
+    )
     rows = [
         f"{r.load:>4}  {r.running_in_engine if r.running_in_engine is not None else '-':>7}  {r.requests:>8}  "
         f"{r.steps:>5} ({r.steps_expected:>3})  {_ms(r.p50_ms):>6}  {_ms(r.p95_ms):>6}  {_ms(r.max_ms):>6}  "
         f"{_ms(r.net_p50_ms):>7}  {_ms(r.net_p95_ms):>7}  {r.chart_refresh_per_s:>7.2f}  {_ms(r.max_chart_gap_ms):>10}"
+        f"  {_rate(r.foreground_tokens_per_s):>8}  {_rate(r.background_tokens_per_s):>8}"
+        f"  {_rate(r.total_tokens_per_s):>11}"
         for r in results
     ]
     return "\n".join([head, *rows])

@@ -9,6 +9,7 @@ import pytest
 from engine_adapter.measure.ui_latency import (
     StepSeen,
     clock_offset,
+    foreground_rate,
     percentile,
     refresh_rate,
     step_latencies,
@@ -17,6 +18,7 @@ from engine_adapter.measure.ui_latency import (
 )
 from engine_adapter.records import Step, Token
 from explorer.views.token_view import token_view_value
+from scripts.ui_latency import readout_tokens_per_s
 
 
 @pytest.mark.parametrize(
@@ -113,6 +115,39 @@ def test_summarise_level_and_table():
     assert r.net_p50_ms == pytest.approx(4.5) and r.net_p95_ms == pytest.approx(8.55)
     assert r.chart_refresh_per_s == pytest.approx(0.75) and r.window_s == 4.0
     assert table([r]).splitlines()[1].split()[:3] == ["16", "17", "1"]
+    # 2 tokens a step, one step a second: steps 1-9 give 18 tokens over 9 s
+    assert r.foreground_tokens_per_s == pytest.approx(2.0) and r.total_tokens_per_s == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize(
+    "seen, expected",
+    [
+        ([], None),
+        ([StepSeen(0, 0, 5.0, 0.0, 1)], None),  # a prefill alone: nothing decoded yet
+        # two requests: (3 + 3) tokens over 1.5 s, then 4 over 0.5 s, pooled: 10 / 2
+        (
+            [
+                StepSeen(0, 0, 1.0, 0.0, 1),
+                StepSeen(0, 1, 2.0, 0.0, 3),
+                StepSeen(0, 1, 2.0, 9.0, 3),  # seen twice: counted once
+                StepSeen(0, 2, 2.5, 0.0, 3),
+                StepSeen(1, 0, 4.0, 0.0, 1),
+                StepSeen(1, 1, 4.5, 0.0, 4),
+            ],
+            5.0,
+        ),
+    ],
+)
+def test_foreground_rate_counts_decoding_by_the_engines_step_times(seen, expected):
+    got = foreground_rate(seen)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+
+
+def test_the_readout_gives_the_background_rate():
+    text = (
+        "Your background load: 16 requested, 16 granted. All sessions: 16 in flight, 3 done, 0 failed; 41.5 tokens/s."
+    )
+    assert readout_tokens_per_s(text) == pytest.approx(41.5) and readout_tokens_per_s("No background load.") is None
 
 
 def test_the_token_view_carries_each_steps_engine_time():
