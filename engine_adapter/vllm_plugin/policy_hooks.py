@@ -69,7 +69,7 @@ class PolicyHooksMixin:
         self._auction_cost: CostModel | None = None
         self._decisions: dict[int, list] = {}  # id(scheduler_output) -> the auction's decision
         # requests whose draft model skipped their tokens at a K=0 step (idle_drafter.py):
-        # its cache has a hole for them; they draft nothing until the worker re-ran it
+        # its cache has a hole for them (what that means for their drafts: ``_hole``)
         self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
         self._missed: dict[str, Missed] = {}
         # requests whose hole may hold another request's draft KV: a K=0 step of theirs whose slots the
