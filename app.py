@@ -151,13 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     # SIGINT is re-armed because a shell starts background jobs with it ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    # The UI's imports (Gradio, plotly, pandas: seconds on 2 CPU cores) come after the engine's spawn,
-    # so that they overlap its start instead of delaying it (docs/benchmarks.md, cold start).
-    from explorer.page import PageDefaults, build_page
-    from explorer.panels.presenter import Presenter
-
-    demo = build_page(service, presets, PageDefaults(config=config, presenter=Presenter(args.presenter_key)))
     try:
+        # The UI's imports (Gradio, plotly, pandas: seconds on 2 CPU cores) come after the engine's spawn,
+        # so that they overlap its start instead of delaying it (docs/benchmarks.md, cold start).
+        from explorer.page import PageDefaults, build_page
+        from explorer.panels.presenter import Presenter
+
+        demo = build_page(service, presets, PageDefaults(config=config, presenter=Presenter(args.presenter_key)))
         demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)
     finally:
         if recorder is not None:

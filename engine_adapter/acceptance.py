@@ -10,7 +10,8 @@ request card. No I/O, no vLLM.
 - ``per_position_acceptance``: kept / reached per position (None where never reached);
 - ``alpha_from_histogram``: one per-token alpha from vLLM's ``acceptance_histogram``;
 - ``alphas_from_counts`` and ``PositionCounts``: pooled alphas over engine steps, shrunk
-  toward a memory of earlier measurements; ``remembered_alphas`` updates that memory;
+  toward a memory of earlier measurements; ``remembered_alphas`` updates that memory and
+  ``fade_toward`` lets it return to a baseline (the profile's) where nothing refreshed it;
 - ``survival(alphas)``: P(position i is accepted) = prod_{j<=i} alpha_j;
 - ``SlotEstimator``: per-request alphas shrunk toward the pool, calibrated scores.
 """
@@ -192,6 +193,17 @@ def remembered_alphas(
         else:
             break
     return out
+
+
+def fade_toward(
+    memory: Sequence[float], target: Sequence[float], refreshed: Sequence[bool], share: float
+) -> list[float]:
+    """``memory`` moved ``share`` (0..1) of the way to ``target`` at each position not ``refreshed``
+    (a position past ``target`` or past ``refreshed`` stays as it is)."""
+    return [
+        m + (target[i] - m) * share if i < len(target) and not (i < len(refreshed) and refreshed[i]) else m
+        for i, m in enumerate(memory)
+    ]
 
 
 class PositionCounts:

@@ -130,8 +130,8 @@ class EngineConfig:
 
     @property
     def drafter_idles(self) -> bool:
-        """Whether the draft model skips its pass at K=0: needs the tap (which stops drafting
-        for the requests it skipped) and a table (the only way K reaches 0)."""
+        """Whether the draft model skips its pass at K=0: needs the tap (whose policy hooks keep
+        the holes it leaves, and catch them up) and a table (the only way K reaches 0)."""
         return (
             self.idle_drafter
             and self.method == "draft"

@@ -28,11 +28,11 @@ def summarize(step: TapStep) -> EngineStep:
     """Server-wide counts of one step, including acceptance per draft position.
 
     The per-position counts leave out drafts an idle draft model made across a hole in its KV
-    cache (``drafter_idle`` with drafts): they measure the draft model's agreement with the target
-    on the text, which the K policies and the acceptance-under-load chart read, while a hole's
-    blank tokens are the load's doing. The step's totals (drafted, accepted) count every draft,
-    as vLLM does."""
-    whole = [r for r in step.reqs if not r.drafter_idle]
+    cache (``drafted_across``): they measure the draft model's agreement with the target on the
+    text, which the K policies and the acceptance-under-load chart read, while a hole's blank
+    tokens are the load's doing. The step's totals (drafted, accepted) count every draft, as vLLM
+    does."""
+    whole = [r for r in step.reqs if not r.drafted_across]
     k = max((len(r.drafted) for r in whole), default=0)
     # each request is one "step" of position_counts: position i is tested only if
     # every draft before it was kept

@@ -113,6 +113,7 @@ async def _start_live(
             cfg.method == "draft",
             progress=lambda p: _say(f"   {p.message} ({p.fraction:.0%})"),
         )
+        save_cached(path, ctl.cost)  # kept even if the pass below fails
     _say(
         f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
         f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
@@ -120,7 +121,7 @@ async def _start_live(
     # acceptance for "auto" before anything else ran: one short pass at K = k_max
     await ctl.apply(PolicySpec("fixed", k_max))
     live.counts.add((await run_policy(engine, prompts[:4], 4, settings.max_tokens)).steps)
-    if profiled:  # with the acceptance just measured: the app shares this cache (the same engine settings)
+    if profiled:  # again, with the acceptance that pass measured: an app with these settings starts from it
         save_cached(path, ctl.cost, live.counts)
     return live
 

@@ -15,10 +15,12 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   runs) and puts the policy in force back afterwards; a policy chosen meanwhile
   is applied when it ends, since profiling switches K itself;
 - under ``auto`` the table is re-derived every ``rederive_s`` seconds from the
-  per-position acceptance of the last ``window_s`` seconds of engine steps, shrunk
-  toward the acceptance remembered from earlier measurements (the profile's, kept
-  with the cost model in the cache, then every window's that tested a position
-  ``MIN_REACHED`` times): a window without drafts keeps the last measurement;
+  per-position acceptance of the last ``window_s`` seconds of engine steps where
+  the window tested a position ``MIN_REACHED`` times, else from the acceptance
+  remembered from earlier measurements (the profile's, kept with the cost model in
+  the cache, then every window's): a window without drafts keeps the last
+  measurement, which fades back to the profile's over ``MEMORY_FADE_S`` (so a
+  spell of hard text that put K at 0 everywhere does not keep it there for good);
 - ``changes`` records every policy applied: (monotonic t, spec dict).
 
 Engines started without live policies (no ``k_max``, or attached) have no
@@ -30,11 +32,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine_adapter.acceptance import PositionCounts, alphas_from_counts, remembered_alphas
+from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
@@ -52,6 +55,7 @@ from engine_adapter.records import EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
+MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns toward the profile's acceptance
 START_POLICIES = ("config", "auto", "auction")
 
 
@@ -110,6 +114,8 @@ class LivePolicy:
         # with no drafts in it (a long spell at K=0, a launch with a cached cost model) must not turn it
         # back into the 0.5 guess, under which the auto table drafts nowhere and so never measures again
         self._remembered: list[float] = []
+        self._profiled: list[float] = []  # what the profile measured: where the memory fades back to
+        self._remembered_t = time.monotonic()
 
     # --- lifecycle (service loop) ------------------------------------------
     async def engine_ready(
@@ -139,7 +145,8 @@ class LivePolicy:
         ctl.cost = load_cached(config_cache_path(config), config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
         measured = load_cached_acceptance(config_cache_path(config)) if ctl.cost else None
-        self._remembered = measured.alphas() if measured and any(measured.reached) else []
+        self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED) if measured else []
+        self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
         if ctl.cost is None:
             await self._measure(on_progress)
         start = spec if self.default_policy == "config" else PolicySpec(self.default_policy, config.k)
@@ -169,17 +176,23 @@ class LivePolicy:
         """Per draft position: the last ``window_s`` seconds' acceptance where the window tested the
         position ``MIN_REACHED`` times, else the remembered; positions never measured inherit the
         position before (position 1: the 0.5 guess, before anything was measured)."""
-        k = self.controller.k_max if self.controller else 0
-        return alphas_from_counts([0] * k, [0] * k, memory=self._window_alphas())
+        counts = self._window_counts()
+        known = remembered_alphas(self._remembered, counts.accepted, counts.reached, MIN_REACHED)
+        return alphas_from_counts([0] * len(counts.reached), [0] * len(counts.reached), memory=known)
 
-    def _window_alphas(self) -> list[float]:
+    def _window_counts(self) -> PositionCounts:
         counts = PositionCounts(self.controller.k_max if self.controller else 0)
         counts.add(self._steps_since(time.monotonic() - self.window_s))
-        return remembered_alphas(self._remembered, counts.accepted, counts.reached, MIN_REACHED)
+        return counts
 
     def remember_window(self) -> None:
-        """Keep what ``alphas`` reads now, for when the window holds no drafts."""
-        self._remembered = self._window_alphas()
+        """Keep what ``alphas`` reads now, for when the window holds no drafts; positions the
+        window did not refresh fade toward the profile's acceptance (``MEMORY_FADE_S``)."""
+        counts, now = self._window_counts(), time.monotonic()
+        kept = remembered_alphas(self._remembered, counts.accepted, counts.reached, MIN_REACHED)
+        refreshed = [r >= MIN_REACHED for r in counts.reached]
+        share = 1.0 - math.exp(-(now - self._remembered_t) / MEMORY_FADE_S)
+        self._remembered, self._remembered_t = fade_toward(kept, self._profiled, refreshed, share), now
 
     async def apply(self, spec: PolicySpec) -> PolicyState | None:
         """Apply now, or (while profiling) check now and apply when profiling ends."""
@@ -231,7 +244,8 @@ class LivePolicy:
             self._cost_source = "profiled"
             measured = PositionCounts(ctl.k_max)  # the profile's own drafts: what a later launch starts from
             measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
-            self._remembered = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
+            self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
+            self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
             save_cached(config_cache_path(cfg), cost, measured)
         except asyncio.CancelledError:
             raise

@@ -153,8 +153,9 @@ def load_cached_acceptance(path: Path) -> PositionCounts | None:
 
 
 def save_cached(path: Path, model: CostModel, acceptance: PositionCounts | None = None) -> None:
-    """The cost model, and the acceptance per position its profile measured (the start a later
-    launch's K policies take before it has measured any of its own)."""
+    """The cost model, and the acceptance per position measured with it (the app: the profile's own
+    drafts; the sweep: its first pass at K = k_max), where a later launch's K policies start before
+    they have measured any of their own."""
     saved = model.to_dict()
     if acceptance is not None:
         saved[ACCEPTANCE_KEY] = {"accepted": acceptance.accepted, "reached": acceptance.reached}

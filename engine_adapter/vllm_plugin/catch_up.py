@@ -50,6 +50,9 @@ import numpy as np
 PLAN_ATTR = "spec_explorer_catch_up_plan"  # on SchedulerOutput: {request id: (first position, count)}
 APPLIED_ATTR = "spec_explorer_caught_up"  # on ModelRunnerOutput: {request id: tokens re-run}
 ZEROED_ATTR = "spec_explorer_holes_zeroed"  # on ModelRunnerOutput of a K=0 step: True if its holes hold zeros
+# on ModelRunnerOutput: True when vLLM skipped the draft model's pass in a step with K > 0 (a request
+# near the drafter's max model length stops it for the whole batch): every request of it has a hole
+PASS_SKIPPED_ATTR = "spec_explorer_draft_pass_skipped"
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,14 @@ from vllm.model_executor.layers.attention.attention import Attention
 from vllm.platforms import current_platform
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
-from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, ZEROED_ATTR, MissedRange, prepend_catch_up
+from engine_adapter.vllm_plugin.catch_up import (
+    APPLIED_ATTR,
+    PASS_SKIPPED_ATTR,
+    PLAN_ATTR,
+    ZEROED_ATTR,
+    MissedRange,
+    prepend_catch_up,
+)
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
@@ -70,6 +77,7 @@ class StepCatchUp:
     plan: dict[str, tuple[int, int]] | None = None  # request id -> (first position, count)
     applied: dict[str, int] = field(default_factory=dict)  # request id -> tokens re-run
     zeroed: bool = False  # a K=0 step: the draft KV at every skipped slot was written with zeros
+    proposed: bool = False  # the drafter's propose ran in the step (vLLM skips it when an input is too long)
 
 
 def draft_attention_layers(drafter) -> list:
@@ -82,19 +90,20 @@ def draft_attention_layers(drafter) -> list:
     return layers if writable else []
 
 
-def zero_kv_slots(layers: list, slot_mapping: torch.Tensor) -> bool:
+def zero_kv_slots(layers: list, slot_mapping: torch.Tensor, dtype: torch.dtype) -> bool:
     """Write zeros as keys and values at ``slot_mapping`` [T] (int64; -1 = padding, skipped by the
-    writer) in every layer's KV cache, with the layer's own writer (the cache's layout is the
-    attention backend's). Why: a block a request gets may hold another request's draft KV, and a
-    position the draft model skipped would be read as it is (docs/catch-up-design.md section 7);
-    with zeros there, drafts made across a hole come from the request's own text alone."""
+    writer) in every layer's KV cache, with the layer's own writer (the cache's layout and storage
+    dtype are the attention backend's; ``dtype`` is the model's, what the writer takes). Why: a
+    block a request gets may hold another request's draft KV, and a position the draft model
+    skipped would be read as it is (docs/catch-up-design.md section 7); with zeros there, drafts
+    made across a hole come from the request's own text alone."""
     if not layers:
         return False
     n = slot_mapping.numel()
     for layer in layers:
         kv = layer.kv_cache
-        zeros_k = torch.zeros(n, layer.num_kv_heads, layer.head_size, dtype=kv.dtype, device=kv.device)
-        zeros_v = torch.zeros(n, layer.num_kv_heads, layer.head_size_v, dtype=kv.dtype, device=kv.device)
+        zeros_k = torch.zeros(n, layer.num_kv_heads, layer.head_size, dtype=dtype, device=kv.device)
+        zeros_v = torch.zeros(n, layer.num_kv_heads, layer.head_size_v, dtype=dtype, device=kv.device)
         layer.impl.do_kv_cache_update(layer, zeros_k, zeros_v, kv, slot_mapping)
     return True
 
@@ -151,12 +160,14 @@ def skip_at_zero(drafter, model_runner, step: StepCatchUp) -> None:
     it would have written); K > 0 catches up."""
     propose = drafter.propose
     layers = draft_attention_layers(drafter)
+    dtype = next(drafter.model.parameters()).dtype  # the keys and values the model writes
     skipped = 0
     failed = 0
 
     @functools.wraps(propose)
     def propose_or_idle(*args, **kwargs):
         nonlocal skipped, failed
+        step.proposed = True
         k = kwargs["num_speculative_tokens"] if "num_speculative_tokens" in kwargs else args[0]
         if k != 0:
             if step.plan and not args:
@@ -172,8 +183,8 @@ def skip_at_zero(drafter, model_runner, step: StepCatchUp) -> None:
         if skipped == 1:
             logger.info("idle drafter: K=0, the draft model's pass is skipped")
         cad = kwargs["common_attn_metadata"]
-        try:  # the step's tokens at the target's slots (no drafts at K=0: all of them are kept)
-            step.zeroed = zero_kv_slots(layers, cad.slot_mapping[: cad.num_actual_tokens])
+        try:  # every token of the step at the target's slots (rejected drafts' slots too: more than needed)
+            step.zeroed = zero_kv_slots(layers, cad.slot_mapping[: cad.num_actual_tokens], dtype)
         except Exception:  # never stop the engine: unreported, the scheduler keeps these holes undrafted
             step.zeroed = False
             failed += 1
@@ -210,6 +221,7 @@ class IdleDrafterWorker(_PlatformWorker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._catch_up = StepCatchUp()
+        self._wrapped = False  # the drafter's propose is ours (load_model found a model drafter)
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -219,16 +231,19 @@ class IdleDrafterWorker(_PlatformWorker):
         if drafter is not None and spec is not None and (spec.uses_draft_model() or spec.use_eagle()):
             skip_at_zero(drafter, self.model_runner, self._catch_up)
             plan_from_scheduler_output(self.model_runner, self._catch_up)
+            self._wrapped = True
             logger.info("idle drafter: %s skips its pass in steps with K=0", type(drafter).__name__)
 
     def sample_tokens(self, grammar_output):
         step = self._catch_up
-        step.applied, step.zeroed = {}, False
+        step.applied, step.zeroed, step.proposed = {}, False, False
         out = super().sample_tokens(grammar_output)
         if isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT:
             if step.applied:
                 setattr(out, APPLIED_ATTR, dict(step.applied))  # pickled back to the scheduler
             if step.zeroed:
                 setattr(out, ZEROED_ATTR, True)
-        step.applied, step.zeroed = {}, False
+            if self._wrapped and out.req_ids and not step.proposed:
+                setattr(out, PASS_SKIPPED_ATTR, True)  # nobody's draft KV was written, nor blanked
+        step.applied, step.zeroed, step.proposed = {}, False, False
         return out

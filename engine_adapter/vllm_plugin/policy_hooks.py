@@ -41,6 +41,7 @@ from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS, auc
 from engine_adapter.records import visitor_count
 from engine_adapter.vllm_plugin.catch_up import (
     APPLIED_ATTR,
+    PASS_SKIPPED_ATTR,
     PLAN_ATTR,
     ZEROED_ATTR,
     Missed,
@@ -54,6 +55,14 @@ from engine_adapter.vllm_plugin.wire import (
     DEFAULT_CATCH_UP_TOKENS,
     decode_control,
 )
+
+
+def _segment_starts(out) -> dict[str, int]:
+    """Each scheduled request's first position in the step (``num_computed_tokens`` at its start)."""
+    starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return starts
 
 
 class PolicyHooksMixin:
@@ -82,6 +91,10 @@ class PolicyHooksMixin:
         self._catch_up_tokens = max(budget, 0) * self._draft_model
         self._plans: dict[int, dict[str, tuple[int, int]]] = {}  # id(scheduler_output) -> its catch-up plan
         self._caught_up_now: dict[str, int] = {}  # request -> tokens re-run in the step being published
+        # id(scheduler_output) -> the requests with a hole when it was scheduled: whatever drafts it verifies
+        # for them were proposed across the hole (the step that opens a hole verifies drafts made before it)
+        self._holed_at_schedule: dict[int, frozenset[str]] = {}
+        self._across_now: frozenset[str] = frozenset()  # the same, for the step being published
         self._steps_scheduled = 0
         # (monotonic s, batch size) of the last steps, for k_policy.idle_drafter_k
         self._recent_batches: deque[tuple[float, int]] = deque(maxlen=RECENT_PEAK_STEPS)
@@ -217,19 +230,9 @@ class PolicyHooksMixin:
         ran = out.num_spec_tokens_to_schedule > 0
         if ran and not self._missed:
             return  # the usual step: nothing to open, nothing to plan
-        starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+        starts = _segment_starts(out)
         if not ran:
-            for rid, n in out.num_scheduled_tokens.items():
-                self._missed[rid] = update_missed(
-                    self._missed.get(rid),
-                    segment_start=starts[rid],
-                    num_scheduled=n,
-                    drafter_ran=False,
-                    caught_up=False,
-                    step=self._steps_scheduled,
-                )
+            self._open_holes(out, starts)
             return
         holed = []
         for rid in out.num_scheduled_tokens:
@@ -255,6 +258,18 @@ class PolicyHooksMixin:
         if plan:
             setattr(out, PLAN_ATTR, plan)
             self._plans[id(out)] = plan
+
+    def _open_holes(self, out, starts: dict[str, int]) -> None:
+        """The draft model skipped every request of the step ``out``: open or grow their holes."""
+        for rid, n in out.num_scheduled_tokens.items():
+            self._missed[rid] = update_missed(
+                self._missed.get(rid),
+                segment_start=starts[rid],
+                num_scheduled=n,
+                drafter_ran=False,
+                caught_up=False,
+                step=self._steps_scheduled,
+            )
 
     def _idle_drafter_lookup(self, lookup: list[int]) -> list[int] | None:
         """A table policy's K for this step, corrected for what an idle drafter costs
@@ -290,6 +305,8 @@ class PolicyHooksMixin:
         if self._idle_drafter and (visitors := visitor_count(out.num_scheduled_tokens)):
             self._recent_batches.append((time.monotonic(), visitors))
         if self._idle_drafter:
+            if self._missed:  # the drafts this step verifies were proposed with these holes open
+                self._holed_at_schedule[id(out)] = frozenset(self._missed)
             self._track_holes(out)
         if decision is not None and self.tap_enabled:
             self._decisions[id(out)] = decision
@@ -306,16 +323,22 @@ class PolicyHooksMixin:
                     self._missed.pop(rid, None)
                     self._unblanked.discard(rid)
                     self._caught_up_now[rid] = count
+        if self._idle_drafter and getattr(model_runner_output, PASS_SKIPPED_ATTR, False):
+            # vLLM skipped the draft pass at K > 0 (an input too long for the drafter): holes, not blanked
+            self._open_holes(scheduler_output, _segment_starts(scheduler_output))
+            self._unblanked.update(scheduler_output.num_scheduled_tokens)
         if (
             self._idle_drafter
             and scheduler_output.num_spec_tokens_to_schedule == 0
             and not getattr(model_runner_output, ZEROED_ATTR, False)
         ):
             self._unblanked.update(rid for rid in scheduler_output.num_scheduled_tokens if rid in self._missed)
+        self._across_now = self._holed_at_schedule.pop(id(scheduler_output), frozenset())
         try:
             return super().update_from_output(scheduler_output, model_runner_output)
         finally:
             self._caught_up_now.clear()
+            self._across_now = frozenset()
 
     def shutdown(self) -> None:
         if self._control is not None:
@@ -324,9 +347,9 @@ class PolicyHooksMixin:
 
     # --- the tap's hooks ----------------------------------------------------------
     def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool) -> bool:
-        lost = req_id in self._missed  # drafts verified with a hole open were made across it
+        lost = req_id in self._missed
         if num_drafted:
-            self._estimator.observe(req_id, num_drafted, accepted, pooled=not lost)
+            self._estimator.observe(req_id, num_drafted, accepted, pooled=not self._drafted_across(req_id))
         if finished:
             self._estimator.forget(req_id)
             self._missed.pop(req_id, None)
@@ -335,6 +358,9 @@ class PolicyHooksMixin:
 
     def _caught_up(self, req_id: str) -> int:
         return self._caught_up_now.get(req_id, 0)
+
+    def _drafted_across(self, req_id: str) -> bool:
+        return req_id in self._across_now
 
     def _step_decision(self, scheduler_output) -> list | None:
         return self._decisions.pop(id(scheduler_output), None)

@@ -86,6 +86,10 @@ class TapMixin:
         """Tokens the draft model re-ran for the request in the step being published."""
         return 0
 
+    def _drafted_across(self, req_id: str) -> bool:
+        """Whether the request's drafts verified in the step being published were made across a hole."""
+        return False
+
     def _forget_gone(self) -> None:
         pass
 
@@ -133,7 +137,7 @@ class TapMixin:
     # --- the message ----------------------------------------------------------
     def _request_rows(self, scheduler_output, num_sampled: dict[str, int], result) -> list[list]:
         """[engine_request_id, drafted, accepted, emitted, finish_reason, num_prompt_tokens, drafter_idle,
-        caught_up] per scheduled request (``wire.py``)."""
+        caught_up, drafted_across] per scheduled request (``wire.py``)."""
         # ids appended to each request's output this step, after stop checks
         emitted: dict[str, tuple[list[int], str | None]] = {}
         for outs in result.values():
@@ -152,7 +156,8 @@ class TapMixin:
             idle = self._observe_request(req_id, len(drafted), accepted, reason is not None)
             request = self.requests.get(req_id)
             n_prompt = request.num_prompt_tokens if request is not None else 0
-            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle, self._caught_up(req_id)])
+            across = bool(drafted) and self._drafted_across(req_id)
+            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle, self._caught_up(req_id), across])
         return rows
 
     def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result) -> None:

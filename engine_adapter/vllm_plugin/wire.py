@@ -21,11 +21,15 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
                (live K policies' commands and the slot auction included)
 - dropped:     messages dropped so far because no reader kept up
 - reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
-               finish_reason_or_None, num_prompt_tokens, drafter_idle, caught_up]
+               finish_reason_or_None, num_prompt_tokens, drafter_idle, caught_up,
+               drafted_across]
                (drafter_idle: the draft model has a hole for this request, from a
-               K=0 step it skipped, so it drafts nothing for it until caught up;
+               K=0 step it skipped: no drafts for it until caught up, or drafts
+               made across the hole once it outgrew the catch-up budget;
                caught_up: tokens the draft model re-ran for it in this step to
-               fill that hole, 0 otherwise; see idle_drafter.py and catch_up.py)
+               fill that hole, 0 otherwise; drafted_across: the drafts verified
+               in this step were made across such a hole; see idle_drafter.py
+               and catch_up.py)
 - controls:    control messages applied so far (an acknowledgement: the step
                that first carries n was scheduled under the n-th command)
 - auction:     None, or the slot auction's decision for this step:
@@ -47,7 +51,7 @@ TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 #   {"catch_up": n}                           the idle drafter's catch-up budget, tokens per step
 CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"
 # With the idle drafter: the most tokens per step the draft model re-runs to catch a request up
-# on the tokens it skipped at K=0 (``catch_up.py``); 0 = never (the request stops drafting)
+# on the tokens it skipped at K=0 (``catch_up.py``); 0 = never (a holed request drafts across its hole)
 CATCH_UP_TOKENS_ENV = "SPEC_EXPLORER_CATCH_UP_TOKENS"
 DEFAULT_CATCH_UP_TOKENS = 128  # a long prompt's draft prefill: about 1.3-1.9 s of the packaged 0.5B on 2 CPU cores
 
@@ -62,6 +66,7 @@ class TapRequestStep:
     num_prompt_tokens: int
     drafter_idle: bool = False
     caught_up: int = 0  # tokens the draft model re-ran for it this step (its KV hole filled)
+    drafted_across: bool = False  # the drafts verified this step were made across a hole (blank tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,9 +70,10 @@ def _drafter_holes(steps: Sequence[Step]) -> list[str]:
                 f"had missed, and drafts for this request again from step {s.index + 1}."
             )
             opened = None
-    if opened is not None and across and across[0] > opened:
+    first_across = next((i for i in across if opened is not None and i > opened), None)
+    if opened is not None and first_across is not None:
         lines.append(
-            f"- **drafter idle from step {opened}, drafting across the hole from step {across[0]}**: the load "
+            f"- **drafter idle from step {opened}, drafting across the hole from step {first_across}**: the load "
             "put K at 0 and the draft model skipped this request; the hole grew past the catch-up budget, so it "
             "was never re-run. The draft model drafts on from this request's own text with the skipped tokens "
             "blank (zeros in its KV cache): fewer of its drafts are kept, and none carries another request's text."

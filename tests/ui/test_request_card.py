@@ -127,6 +127,22 @@ def test_the_card_and_the_tooltips_say_when_the_drafter_drafted_across_its_hole(
     assert all("drafter idle for this request" in t for n in (1, 2) for t in tips[n])
 
 
+def test_a_second_hole_after_a_catch_up_is_told_apart_from_drafting_across_the_first():
+    steps = [
+        _step(0, [1], [], 0, False),
+        _step(1, [2], [], 0, True),  # a hole opens ...
+        _step(2, [3, 4], [8], 1, True),  # ... drafted across (the budget was lower then)
+        _step(3, [5], [], 0, False),  # caught up here (the budget was raised)
+        _step(4, [6], [], 0, True),  # a second hole, never filled nor drafted across
+        _step(5, [7], [], 0, True),
+    ]
+    steps[3].caught_up = 3
+    card = card_markdown(_result(steps))
+    assert "drafter caught up 3 tokens at step 3" in card
+    assert "drafter idle from step 4" in card and "the last 2 tokens came from the target alone" in card
+    assert "drafting across the hole from step 2" not in card  # it was caught up since
+
+
 @pytest.mark.parametrize(
     "ks, says",
     [

@@ -194,7 +194,7 @@ def test_the_range_reads_the_requests_own_ids():
 @pytest.mark.parametrize(
     "rows, accepted_per_pos, reached_per_pos, totals",
     [
-        # (drafted, accepted, drafter_idle) per request
+        # (drafted, accepted, drafted_across) per request
         ([(3, 3, False), (3, 1, False)], (2, 1, 1), (2, 2, 1), (6, 4)),
         # drafts across a hole count in the totals (vLLM's own), not per position
         ([(3, 3, False), (3, 0, True)], (1, 1, 1), (1, 1, 1), (6, 3)),
@@ -205,8 +205,8 @@ def test_the_tap_summary_leaves_drafts_across_a_hole_out_of_the_per_position_cou
     rows, accepted_per_pos, reached_per_pos, totals
 ):
     reqs = [
-        TapRequestStep(f"cmpl-r{i}-0-1a2b3c4d", list(range(n)), a, [0] * (a + 1), None, 10, drafter_idle=idle)
-        for i, (n, a, idle) in enumerate(rows)
+        TapRequestStep(f"cmpl-r{i}-0-1a2b3c4d", list(range(n)), a, [0] * (a + 1), None, 10, True, 0, across)
+        for i, (n, a, across) in enumerate(rows)
     ]
     s = summarize(TapStep(1, 1.0, 0.01, 0.01, len(rows), 3, 4 * len(rows), 0.0, 0, reqs))
     assert (s.accepted_per_pos, s.reached_per_pos) == (accepted_per_pos, reached_per_pos)

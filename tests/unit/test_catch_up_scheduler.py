@@ -19,7 +19,13 @@ pytest.importorskip("vllm")
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput  # noqa: E402
 from vllm.v1.outputs import ModelRunnerOutput  # noqa: E402
 
-from engine_adapter.vllm_plugin.catch_up import APPLIED_ATTR, PLAN_ATTR, ZEROED_ATTR, Missed  # noqa: E402
+from engine_adapter.vllm_plugin.catch_up import (  # noqa: E402
+    APPLIED_ATTR,
+    PASS_SKIPPED_ATTR,
+    PLAN_ATTR,
+    ZEROED_ATTR,
+    Missed,
+)
 from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER  # noqa: E402
 from engine_adapter.vllm_plugin.policy_hooks import PolicyHooksMixin  # noqa: E402
 from engine_adapter.vllm_plugin.tap import TapMixin  # noqa: E402
@@ -76,12 +82,14 @@ class ScriptedScheduler:
         self.requests: dict[str, Request] = {}
         self.script: list[SchedulerOutput] = []
         self.caught_up_seen: list[dict[str, int]] = []  # what the tap would publish, per step
+        self.across_seen: list[set[str]] = []  # requests whose verified drafts were made across a hole
 
     def schedule(self, *args, **kwargs) -> SchedulerOutput:
         return self.script.pop(0)
 
     def update_from_output(self, scheduler_output, model_runner_output) -> dict:
         self.caught_up_seen.append({r: self._caught_up(r) for r in scheduler_output.num_scheduled_tokens})
+        self.across_seen.append({r for r in scheduler_output.num_scheduled_tokens if self._drafted_across(r)})
         return {}
 
     def shutdown(self) -> None:
@@ -249,3 +257,28 @@ def test_a_catch_up_clears_an_unblanked_hole(monkeypatch):
     run_steps(sched, [(3, {"a": (12, 1)}, (), {"a": 2})])
     a.num_computed_tokens = 13
     assert sched._hole(a) == "none" and not sched._unblanked
+
+
+def test_drafts_verified_where_a_hole_opens_were_made_before_it(monkeypatch):
+    """The step that opens a hole (K=0) verifies drafts proposed before it; the next step's were
+    proposed across it (a hole over the budget of 0: drafted across)."""
+    monkeypatch.setenv(CATCH_UP_TOKENS_ENV, "0")
+    sched = Plugged()
+    run_steps(sched, [(3, {"a": (10, 4)}, (), None), (0, {"a": (14, 2)}, (), None), (3, {"a": (16, 1)}, (), None)])
+    assert sched.across_seen == [set(), set(), {"a"}]
+
+
+@pytest.mark.parametrize("budget, hole", [(128, "catch_up"), (0, "no_drafts")])
+def test_a_draft_pass_vllm_skipped_at_k_above_0_opens_unblanked_holes(monkeypatch, budget, hole):
+    """vLLM skips the draft pass for the whole batch when one input is too long for the drafter:
+    nothing was written or blanked for anyone, so each request has a hole that may hold stale KV."""
+    monkeypatch.setenv(CATCH_UP_TOKENS_ENV, str(budget))
+    sched = Plugged()
+    sched.script.append(step_output(3, {"a": (10, 1), "b": (20, 1)}))
+    out = sched.schedule()
+    skipped = worker_output(None)
+    setattr(skipped, PASS_SKIPPED_ATTR, True)
+    sched.update_from_output(out, skipped)
+    assert sched._missed == {"a": Missed(10, 10, 1), "b": Missed(20, 20, 1)}
+    assert sched._unblanked == {"a", "b"}
+    assert sched._hole(Request("a", 11)) == hole

@@ -55,7 +55,7 @@ def test_the_skipped_slots_and_only_they_hold_zeros(draft_model, slots, zeros_pe
     assert len(layers) == 2
     for layer in layers:  # the cache as another request left it
         layer.kv_cache = torch.ones(BLOCKS, HEADS, BLOCK, 2 * HEAD_SIZE)  # the CPU backend's layout
-    assert zero_kv_slots(layers, torch.tensor(slots, dtype=torch.int64)) is True
+    assert zero_kv_slots(layers, torch.tensor(slots, dtype=torch.int64), torch.float32) is True
     for layer in layers:
         per_block = (layer.kv_cache == 0).reshape(BLOCKS, -1).sum(dim=1).tolist()
         assert per_block == [n * PER_SLOT for n in zeros_per_block]
@@ -64,5 +64,5 @@ def test_the_skipped_slots_and_only_they_hold_zeros(draft_model, slots, zeros_pe
 def test_without_layers_nothing_is_blanked():
     """A drafter with no attention layer of its own to write (none found): the scheduler hears
     nothing, and keeps such holes undrafted."""
-    assert zero_kv_slots([], torch.tensor([0, 1])) is False
+    assert zero_kv_slots([], torch.tensor([0, 1]), torch.float32) is False
     assert draft_attention_layers(SimpleNamespace(model=torch.nn.Linear(2, 2))) == []

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from engine_adapter.acceptance import SlotEstimator, alphas_from_counts, remembered_alphas, survival
+from engine_adapter.acceptance import SlotEstimator, alphas_from_counts, fade_toward, remembered_alphas, survival
 from engine_adapter.engine_config import validate_k_table
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.policy.k_policy import (
@@ -317,3 +317,16 @@ def test_the_auto_table_never_zig_zags_on_a_noisy_grid(acceptance):
 )
 def test_idle_drafter_k(k_policy, can_draft, fresh, k_at_recent_peak, expected):
     assert idle_drafter_k(k_policy, can_draft=can_draft, fresh=fresh, k_at_recent_peak=k_at_recent_peak) == expected
+
+
+@pytest.mark.parametrize(
+    "memory, target, refreshed, share, expected",
+    [
+        ([0.2, 0.1], [0.8, 0.6], [False, False], 0.5, [0.5, 0.35]),  # half way back at both positions
+        ([0.2, 0.1], [0.8, 0.6], [True, False], 0.5, [0.2, 0.35]),  # a refreshed position stays
+        ([0.2, 0.1], [0.8], [False, False], 1.0, [0.8, 0.1]),  # no target past the profile's positions
+        ([0.2], [0.8, 0.6], [], 0.0, [0.2]),  # no time passed
+    ],
+)
+def test_an_unrefreshed_memory_fades_toward_the_profile(memory, target, refreshed, share, expected):
+    assert fade_toward(memory, target, refreshed, share) == pytest.approx(expected)
