@@ -160,7 +160,8 @@ def skip_at_zero(drafter, model_runner, step: StepCatchUp) -> None:
     it would have written); K > 0 catches up."""
     propose = drafter.propose
     layers = draft_attention_layers(drafter)
-    dtype = next(drafter.model.parameters()).dtype  # the keys and values the model writes
+    # the keys and values the model writes are in its weights' dtype
+    dtype = next((w.dtype for w in drafter.model.parameters()), torch.get_default_dtype())
     skipped = 0
     failed = 0
 

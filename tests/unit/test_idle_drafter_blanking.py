@@ -17,10 +17,16 @@ import torch
 pytest.importorskip("vllm")
 from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.model_executor.layers.attention.attention import Attention  # noqa: E402
+from vllm.v1.attention.backend import CommonAttentionMetadata  # noqa: E402
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadataBuilder  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
-from engine_adapter.vllm_plugin.idle_drafter import draft_attention_layers, zero_kv_slots  # noqa: E402
+from engine_adapter.vllm_plugin.idle_drafter import (  # noqa: E402
+    StepCatchUp,
+    draft_attention_layers,
+    skip_at_zero,
+    zero_kv_slots,
+)
 
 HEADS, HEAD_SIZE, BLOCK, BLOCKS = 2, 32, 16, 4
 PER_SLOT = HEADS * HEAD_SIZE * 2  # elements a slot holds: keys and values
@@ -66,3 +72,49 @@ def test_without_layers_nothing_is_blanked():
     nothing, and keeps such holes undrafted."""
     assert zero_kv_slots([], torch.tensor([0, 1]), torch.float32) is False
     assert draft_attention_layers(SimpleNamespace(model=torch.nn.Linear(2, 2))) == []
+
+
+class _Drafter:
+    """The drafter's attributes the wrapper reads; ``propose`` records that vLLM's pass ran."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.num_speculative_tokens = 3
+        self.passes = 0
+
+    def propose(self, **kwargs):
+        self.passes += 1
+        return torch.zeros(kwargs["common_attn_metadata"].num_reqs, kwargs["num_speculative_tokens"])
+
+
+def _first_pass_metadata(slots: list[int]) -> CommonAttentionMetadata:
+    """Two requests, one token each at K=0 (a decode step), at the given target slots (+ padding)."""
+    qsl = torch.tensor([0, 1, 2], dtype=torch.int32)
+    return CommonAttentionMetadata(
+        query_start_loc=qsl,
+        query_start_loc_cpu=qsl,
+        seq_lens=torch.tensor([6, 18], dtype=torch.int32),
+        num_reqs=2,
+        num_actual_tokens=2,
+        max_query_len=1,
+        max_seq_len=18,
+        block_table_tensor=torch.tensor([[0, 1], [1, 2]], dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64),
+    )
+
+
+@pytest.mark.parametrize("k, blanked", [(0, True), (3, False)])
+def test_a_k0_step_skips_the_pass_and_blanks_exactly_its_tokens_slots(draft_model, k, blanked):
+    """At K=0 the wrapper runs no pass and zeroes the step's slots (5 and 17; the padding slot after
+    ``num_actual_tokens`` is not the step's); at K>0 vLLM's pass runs and nothing is blanked."""
+    for layer in draft_attention_layers(draft_model):
+        layer.kv_cache = torch.ones(BLOCKS, HEADS, BLOCK, 2 * HEAD_SIZE)
+    drafter, step = _Drafter(draft_model.model), StepCatchUp()
+    skip_at_zero(drafter, SimpleNamespace(input_batch=None), step)
+    cad = _first_pass_metadata([5, 17, 40])
+    out = drafter.propose(num_speculative_tokens=k, common_attn_metadata=cad, next_token_ids=torch.zeros(2))
+    assert out.shape == (2, k) and step.proposed and step.zeroed is blanked
+    assert drafter.passes == (0 if k == 0 else 1)
+    for layer in draft_attention_layers(draft_model):
+        per_block = (layer.kv_cache == 0).reshape(BLOCKS, -1).sum(dim=1).tolist()
+        assert per_block == ([PER_SLOT, PER_SLOT, 0, 0] if blanked else [0, 0, 0, 0])
