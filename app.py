@@ -51,6 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "2 CPU cores, docs/benchmarks.md)",
     )
     p.add_argument(
+        "--engine-nice",
+        type=int,
+        default=0,
+        help="run vLLM's processes at this lower CPU priority (`nice`, 0..19; default 0): on a machine the page "
+        "shares with the engine, the page's work then comes before the engine's",
+    )
+    p.add_argument(
         "--compile",
         action="store_true",
         help="let vLLM compile the model (torch.compile; slower start) instead of eager mode",
@@ -116,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
             kv_cache_gib=args.kv_cache_gib,
             idle_drafter=not args.standing_drafter,
             reserved_cpus=args.reserved_cpus,
+            nice=args.engine_nice,
             enforce_eager=not args.compile,
         )
         if args.k_max > 0 and args.method != "off":

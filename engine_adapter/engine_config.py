@@ -97,6 +97,9 @@ class EngineConfig:
     # vLLM's default (1: on 2 cores the worker gets one). 0 gave +43 % tokens/s
     # at concurrency 1 on this machine, at the cost of the API server's headroom.
     reserved_cpus: int | None = None
+    # CPU scheduling priority of vLLM's processes, as `nice` takes it (0 = the caller's; 1..19 lower):
+    # on a machine the page shares with the engine, the page's work then comes first
+    nice: int = 0
     # Live K policies: start vLLM with num_speculative_tokens = k_max and a K table
     # (k_table, or K=k for every batch size), and open the control channel through
     # which the table can be replaced while the engine runs. None = off.
@@ -127,6 +130,8 @@ class EngineConfig:
             raise ValueError(f"k_max must be between K ({self.k}) and 16; got {self.k_max}")
         if self.catch_up_tokens is not None and not 0 <= self.catch_up_tokens <= MAX_CATCH_UP_TOKENS:
             raise ValueError(f"catch_up_tokens must be between 0 and {MAX_CATCH_UP_TOKENS}; got {self.catch_up_tokens}")
+        if not 0 <= self.nice <= 19:
+            raise ValueError(f"nice must be between 0 (the caller's priority) and 19 (the lowest); got {self.nice}")
 
     @property
     def drafter_idles(self) -> bool:

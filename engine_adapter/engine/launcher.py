@@ -246,7 +246,10 @@ class EngineProcess:
         args = server_args(
             self.config, str(self.target_dir), str(self.draft_dir) if self.draft_dir else None, self.port
         )
+        # `nice` runs the supervisor, and so vLLM's processes, at the lower priority asked for
+        niced = ["nice", "-n", str(self.config.nice)] if self.config.nice else []
         cmd = [
+            *niced,
             sys.executable,
             "-m",
             "engine_adapter.engine.supervise",

@@ -225,7 +225,7 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
             title,
             f"engine step {last.seq}: {last.batch_size} requests, none drafting: 0 slots admitted;"
             f"<br>the drafter proposes {last.auction_ceiling} next"
-            "<br>(at 0 it idles, and the requests it skips draft no more)",
+            "<br>(at 0 it idles; the requests it skips are caught up later, or draft across the gap)",
         )
     mine = [s for s in decided if foreground and any(b.request_id == foreground for b in s.bids)]
     step = (mine or decided)[-1]
