@@ -13,6 +13,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import time
@@ -20,11 +21,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine_adapter.engine.client import EngineClient
-from engine_adapter.records import RequestResult
+from engine_adapter.records import RequestResult, Step
 from engine_adapter.service.fair_share import MAX_BACKGROUND
 
 
-async def _run_one(client: EngineClient, prompt: str, max_tokens: int, temperature: float) -> RequestResult:
+async def _run_one(
+    client: EngineClient,
+    prompt: str,
+    max_tokens: int,
+    temperature: float,
+    on_step: Callable[[Step], None] | None = None,
+) -> RequestResult:
     result = None
     # aclosing: a cancelled task closes the stream (and vLLM aborts the request) at
     # once, not whenever the abandoned generator happens to be collected
@@ -32,6 +39,8 @@ async def _run_one(client: EngineClient, prompt: str, max_tokens: int, temperatu
         async for item in items:
             if isinstance(item, RequestResult):
                 result = item
+            elif on_step is not None:
+                on_step(item)
     assert result is not None
     return result
 
@@ -101,8 +110,10 @@ class BackgroundLoad:
         self.failed = 0
         self.tokens = 0
         self.last_error: str | None = None
-        # (monotonic time, completion tokens) of finished requests, for rates
-        self.finished_log: list[tuple[float, int]] = []
+        # (engine step time, tokens it emitted) for every step of every request, finished or not: the
+        # load's rate as the engine delivers it (counting finished requests only lagged by a request's
+        # whole life: at 64 requests in flight, many seconds with nothing finished read as 0 tokens/s)
+        self.emitted_log: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
 
     @property
     def target(self) -> int:
@@ -113,9 +124,13 @@ class BackgroundLoad:
         return LoadStats(self.target, in_flight, self.completed, self.failed, self.tokens, self.last_error)
 
     def tokens_per_second(self, window_s: float = 10.0) -> float:
+        """Tokens the engine emitted for this load's requests in the last ``window_s`` seconds, per second."""
         now = time.monotonic()
-        recent = [n for t, n in self.finished_log if now - t <= window_s]
-        return sum(recent) / window_s
+        return sum(n for t, n in self.emitted_log if now - t <= window_s) / window_s
+
+    def note_step(self, step: Step) -> None:
+        """One engine step of one of this load's requests (``_run_one`` calls it as they stream)."""
+        self.emitted_log.append((step.t, len(step.emitted)))
 
     def set_concurrency(self, n: int) -> int:
         """Keep ``n`` requests in flight (clamped to 0..max_concurrency); returns n."""
@@ -139,7 +154,9 @@ class BackgroundLoad:
         ):
             self._started += 1
             try:
-                result = await _run_one(self.client, next(self._prompts), self.max_tokens, self.temperature)
+                result = await _run_one(
+                    self.client, next(self._prompts), self.max_tokens, self.temperature, self.note_step
+                )
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep the load going; the count and message show it
@@ -149,11 +166,8 @@ class BackgroundLoad:
                 continue
             self.completed += 1
             self.tokens += len(result.token_ids)
-            self.finished_log.append((time.monotonic(), len(result.token_ids)))
             if self._on_result:
                 self._on_result(result)
-            if len(self.finished_log) > 10_000:
-                del self.finished_log[:5_000]
 
     async def stop(self) -> None:
         tasks, self._tasks = self._tasks, []
