@@ -15,15 +15,16 @@ API names: /set_load (requests) -> readout; /live (step times) -> (figure, reado
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import gradio as gr
-import plotly.graph_objects as go
 from gradio.components import Component
 
 from engine_adapter.service.backend import Backend
 from explorer.views.live_charts import (
     WINDOW_S,
     bin_steps,
+    engine_activity,
     foreground_rate,
     live_chart_frame,
     live_figure,
@@ -63,7 +64,14 @@ class LoadPanel:
     def wire(self, page: gr.Blocks, step_times: gr.State) -> None:
         # change (not release) so a typed number counts too; always_last coalesces a drag
         self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
-        gr.Timer(1.0).tick(self.refresh, step_times, [self.live, self.readout], api_name="live", show_progress="hidden")
+        self.drawn = gr.State(None)  # what this page's chart shows (views.live_charts.engine_activity)
+        gr.Timer(1.0).tick(
+            self.refresh,
+            [step_times, self.drawn],
+            [self.live, self.readout, self.drawn],
+            api_name="live",
+            show_progress="hidden",
+        )
         page.unload(self.leave)  # a closed tab or a reload ends the session: its background load stops
 
     async def set_load(self, n: float, request: gr.Request) -> str:
@@ -80,12 +88,17 @@ class LoadPanel:
             return f"The engine is not ready: your {int(n)} background requests start once it is."
         return load_readout_markdown(self.backend, request.session_hash)
 
-    def refresh(self, times: list[tuple[float, int]], request: gr.Request) -> dict[Component, str | go.Figure]:
+    def refresh(self, times: list[tuple[float, int]], drawn: tuple | None, request: gr.Request) -> dict[Component, Any]:
+        """The readout every tick; the chart only when the engine did something since this page drew it."""
         self.backend.touch_session(request.session_hash)  # a page that stops polling loses its load
         now = time.monotonic()
+        readout = load_readout_markdown(self.backend, request.session_hash)
+        key = (engine_activity(self.backend, now), len(times or []))
+        if key == drawn:
+            return {self.readout: readout}
         markers = [(t - now, n) for t, n in self.backend.load_changes]
         figure = live_figure(live_chart_frame(self.backend, now), markers, foreground_rate(times or [], now))
-        return {self.live: figure, self.readout: load_readout_markdown(self.backend, request.session_hash)}
+        return {self.live: figure, self.readout: readout, self.drawn: key}
 
     def leave(self, request: gr.Request) -> None:
         self.backend.release_background(request.session_hash)

@@ -36,6 +36,7 @@ from explorer.views.k_table import (
     table_rows,
     table_value,
 )
+from explorer.views.live_charts import engine_activity
 from explorer.views.policy_charts import (
     auction_figure,
     auto_figure,
@@ -141,10 +142,11 @@ class PolicyPanel:
             [self.policy, self.k, self.table, self.sync_timer],
             show_progress="hidden",
         )
+        self.drawn = gr.State(None)  # what this page's charts show (``_charts_key``)
         gr.Timer(1.0).tick(
             self.refresh,
-            foreground,
-            [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot],
+            [foreground, self.drawn],
+            [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot, self.drawn],
             api_name="policy_live",
             show_progress="hidden",
         )
@@ -204,7 +206,10 @@ class PolicyPanel:
             return gr.skip()
         return {**shown, self.sync_timer: gr.Timer(active=False)}
 
-    def refresh(self, fg: str | None) -> dict[Component, Any]:
+    def refresh(self, fg: str | None, drawn: tuple | None) -> dict[Component, Any]:
+        """The status and the table in force every tick; the charts only when something they show
+        changed since this page drew them (an engine step, the policy, the cost model, a profile's
+        progress, this page's request)."""
         v = self.backend.policy_view()
         now = time.monotonic()
         recent = self.backend.steps_since(now - RECENT_S)
@@ -216,12 +221,23 @@ class PolicyPanel:
             if v.available
             else ""
         )
-        return {
-            self.status: policy_status_markdown(v),
-            self.in_force: table_md,
+        shown: dict[Component, Any] = {self.status: policy_status_markdown(v), self.in_force: table_md}
+        key = (
+            engine_activity(self.backend, now),
+            (state.control, state.t, state.table) if state else None,  # a policy sent (auto: a table re-derived)
+            (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None,
+            v.cost_source,
+            v.profiling,
+            v.auto_preview.rows if v.auto_preview else None,
+            fg,
+        )
+        if key == drawn:
+            return shown
+        return shown | {
             self.step_plot: step_time_figure(v.cost, recent, v.profiling),
             self.auto_plot: self._auto_figure(v, op[0] if op else 1),
             self.auction_plot: auction_figure(self.backend.steps_since(now - AUCTION_S), fg),
+            self.drawn: key,
         }
 
     @staticmethod

@@ -209,6 +209,25 @@ def bin_prom(snapshots: Sequence[PromSnapshot], now: float, window_s: float = WI
     return pd.DataFrame(rows)
 
 
+FRESH_S = 5.0  # seconds: a step newer than this is "the engine is doing something" for the redraw key
+
+
+def engine_activity(backend: Backend, now: float) -> tuple:
+    """What has happened on the engine lately, as a key that changes whenever a chart of it would:
+    the newest engine step (or /metrics sample, attached), and the newest load change. A page's
+    timer redraws its charts only when this differs from what it drew last: an idle engine's
+    charts are left as they are, instead of being rebuilt and redrawn every second (an idle page
+    took 45 % of a core in chromium and 22 % in the app, 2026-12-02)."""
+    if backend.status().attached:
+        prom = backend.prom_history()
+        newest = prom[-1].t if prom else None
+    else:
+        recent = backend.steps_since(now - FRESH_S)
+        newest = recent[-1].seq if recent else None
+    changes = backend.load_changes
+    return (newest, changes[-1] if changes else None, backend.status().generation)
+
+
 def live_chart_frame(backend: Backend, now: float | None = None, window_s: float = WINDOW_S) -> pd.DataFrame:
     """The frame the live chart draws, plus ``load``: the background load in force in each bin."""
     now = time.monotonic() if now is None else now
