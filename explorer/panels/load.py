@@ -6,8 +6,9 @@ readout), ``build_chart()`` the live chart of the whole server over the last
 ``WINDOW_S`` seconds; ``wire(page, step_times)`` connects them (``step_times``
 is the ``gr.State`` of this page's foreground steps as (monotonic t, tokens
 emitted), drawn as the foreground's tokens/s): a slider change asks the
-backend for this session's share, a 1 s timer redraws the chart and the
-readout (and keeps the session's load alive), closing the page releases it.
+backend for this session's share, a timer (``CHART_REFRESH_S``) updates the readout (and keeps the
+session's load alive) and redraws the chart when the engine did something since the page drew it;
+closing the page releases the session's load.
 
 API names: /set_load (requests) -> readout; /live (step times) -> (figure, readout).
 """
@@ -22,6 +23,7 @@ from gradio.components import Component
 
 from engine_adapter.service.backend import Backend
 from explorer.views.live_charts import (
+    CHART_REFRESH_S,
     WINDOW_S,
     bin_steps,
     engine_activity,
@@ -65,7 +67,7 @@ class LoadPanel:
         # change (not release) so a typed number counts too; always_last coalesces a drag
         self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
         self.drawn = gr.State(None)  # what this page's chart shows (views.live_charts.engine_activity)
-        gr.Timer(1.0).tick(
+        gr.Timer(CHART_REFRESH_S).tick(
             self.refresh,
             [step_times, self.drawn],
             [self.live, self.readout, self.drawn],

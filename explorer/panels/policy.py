@@ -36,7 +36,7 @@ from explorer.views.k_table import (
     table_rows,
     table_value,
 )
-from explorer.views.live_charts import engine_activity
+from explorer.views.live_charts import CHART_REFRESH_S, engine_activity
 from explorer.views.policy_charts import (
     auction_figure,
     auto_figure,
@@ -143,7 +143,7 @@ class PolicyPanel:
             show_progress="hidden",
         )
         self.drawn = gr.State(None)  # what this page's charts show (``_charts_key``)
-        gr.Timer(1.0).tick(
+        gr.Timer(CHART_REFRESH_S).tick(
             self.refresh,
             [foreground, self.drawn],
             [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot, self.drawn],
@@ -206,10 +206,11 @@ class PolicyPanel:
             return gr.skip()
         return {**shown, self.sync_timer: gr.Timer(active=False)}
 
-    def refresh(self, fg: str | None, drawn: tuple | None) -> dict[Component, Any]:
-        """The status and the table in force every tick; the charts only when something they show
-        changed since this page drew them (an engine step, the policy, the cost model, a profile's
-        progress, this page's request)."""
+    def refresh(self, fg: str | None, drawn: dict | None) -> dict[Component, Any]:
+        """The status and the table in force every tick; each chart only when what it shows changed
+        since this page drew it (``drawn``: chart -> key): the step-time picture with the engine's
+        steps, the cost model and a profile's progress; the auto curve with the policy, the preview
+        and the operating point; the auction grid with the auction's steps and this page's request."""
         v = self.backend.policy_view()
         now = time.monotonic()
         recent = self.backend.steps_since(now - RECENT_S)
@@ -222,23 +223,28 @@ class PolicyPanel:
             else ""
         )
         shown: dict[Component, Any] = {self.status: policy_status_markdown(v), self.in_force: table_md}
-        key = (
-            engine_activity(self.backend, now),
-            (state.control, state.t, state.table) if state else None,  # a policy sent (auto: a table re-derived)
-            (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None,
-            v.cost_source,
-            v.profiling,
-            v.auto_preview.rows if v.auto_preview else None,
-            fg,
-        )
-        if key == drawn:
-            return shown
-        return shown | {
-            self.step_plot: step_time_figure(v.cost, recent, v.profiling),
-            self.auto_plot: self._auto_figure(v, op[0] if op else 1),
-            self.auction_plot: auction_figure(self.backend.steps_since(now - AUCTION_S), fg),
-            self.drawn: key,
+        cost_key = (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None
+        auctions = [s for s in self.backend.steps_since(now - AUCTION_S) if s.auction_slots is not None]
+        keys = {
+            "step": (engine_activity(self.backend, now), cost_key, v.cost_source, v.profiling),
+            "auto": (
+                (state.control, state.t, state.table) if state else None,  # a policy sent (auto: re-derived)
+                v.auto_preview.rows if v.auto_preview else None,
+                round(op[0], 1) if op else None,
+                cost_key,
+            ),
+            "auction": (auctions[-1].seq if auctions else None, fg),
         }
+        drawn = dict(drawn or {})
+        if keys["step"] != drawn.get("step"):
+            shown[self.step_plot] = step_time_figure(v.cost, recent, v.profiling)
+        if keys["auto"] != drawn.get("auto"):
+            shown[self.auto_plot] = self._auto_figure(v, op[0] if op else 1)
+        if keys["auction"] != drawn.get("auction"):
+            shown[self.auction_plot] = auction_figure(auctions, fg)
+        if keys != drawn:
+            shown[self.drawn] = keys
+        return shown
 
     @staticmethod
     def _auto_figure(v: PolicyView, batch_size: float) -> go.Figure:

@@ -210,6 +210,10 @@ def bin_prom(snapshots: Sequence[PromSnapshot], now: float, window_s: float = WI
 
 
 FRESH_S = 5.0  # seconds: a step newer than this is "the engine is doing something" for the redraw key
+# seconds between two redraws of a page's charts (the live charts, the K-policy panel's) while the engine
+# works: each redraw costs the browser's renderer and the engine shares the machine's two cores with it
+# (at background load 16, packaged pair, 2026-12-02: chromium 38 % of a core at 1 s, 28 % at 2 s)
+CHART_REFRESH_S = 2.0
 
 
 def engine_activity(backend: Backend, now: float) -> tuple:
