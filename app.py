@@ -45,17 +45,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--reserved-cpus",
         type=int,
-        default=0,
-        help="cores vLLM keeps free of its worker (VLLM_CPU_NUM_OF_RESERVED_CPU; default 0: the worker on every "
-        "core, which measured faster steps, a shorter first start and no worse UI latency than vLLM's 1 on "
-        "2 CPU cores, docs/benchmarks.md)",
+        default=1,
+        help="cores vLLM keeps free of its worker (VLLM_CPU_NUM_OF_RESERVED_CPU; default 1, vLLM's own: with a "
+        "page open on 2 CPU cores the worker on one core decoded faster than on both, whose two compute threads "
+        "wait on each other whenever the page takes a core; 0 is faster with no page open; docs/benchmarks.md)",
     )
     p.add_argument(
         "--engine-nice",
         type=int,
-        default=0,
-        help="run vLLM's processes at this lower CPU priority (`nice`, 0..19; default 0): on a machine the page "
-        "shares with the engine, the page's work then comes before the engine's",
+        default=10,
+        help="run vLLM's processes at this lower CPU priority once they serve (`nice`, 0..19; default 10; 0 = the "
+        "app's): on a machine the page shares with the engine, the page's work comes first (measured: lower "
+        "step-to-screen latency and more tokens/s with a page open, docs/benchmarks.md)",
     )
     p.add_argument(
         "--compile",

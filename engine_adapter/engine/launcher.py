@@ -132,6 +132,27 @@ def engine_env(config: EngineConfig, tap_addr: str | None, control_addr: str | N
     return env
 
 
+def lower_priority(pids: list[int], nice: int) -> int:
+    """Set the nice value ``nice`` on every thread of the processes ``pids`` (on Linux the nice
+    value is per thread, and a worker's compute threads exist by now); returns the threads changed.
+    Threads and processes that are gone meanwhile are skipped."""
+    changed = 0
+    if nice <= 0:
+        return changed
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                changed += 1
+            except OSError:
+                pass
+    return changed
+
+
 class EngineProcess:
     """A vLLM server we started; use as a context manager or call stop()."""
 
@@ -246,10 +267,7 @@ class EngineProcess:
         args = server_args(
             self.config, str(self.target_dir), str(self.draft_dir) if self.draft_dir else None, self.port
         )
-        # `nice` runs the supervisor, and so vLLM's processes, at the lower priority asked for
-        niced = ["nice", "-n", str(self.config.nice)] if self.config.nice else []
         cmd = [
-            *niced,
             sys.executable,
             "-m",
             "engine_adapter.engine.supervise",
@@ -274,6 +292,8 @@ class EngineProcess:
         )
         try:
             self._wait_ready(report, timeout_s)
+            # lowered once it serves: at start-up vLLM's imports would otherwise wait behind the app's
+            lower_priority(group_members(self._proc.pid), self.config.nice)
         except BaseException:
             self._keep_log = True  # the error message points at the log
             self.stop()

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+
 import pytest
 
+from engine_adapter.engine.launcher import lower_priority
 from engine_adapter.engine_config import EngineConfig
 
 
@@ -15,3 +21,20 @@ def test_nice_is_a_lower_priority_or_none(nice, ok):
     else:
         with pytest.raises(ValueError, match="nice must be between 0"):
             config.validate()
+
+
+def test_every_thread_of_the_processes_is_lowered():
+    """On Linux the nice value is per thread: a process's threads that exist are each lowered."""
+    code = "import threading, time; [threading.Thread(target=time.sleep, args=(30,)).start() for _ in range(3)]"
+    proc = subprocess.Popen([sys.executable, "-c", code + "; time.sleep(30)"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(os.listdir(f"/proc/{proc.pid}/task")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lower_priority([proc.pid, 999_999_999], 7) == 4  # a process that is gone is skipped
+        tids = os.listdir(f"/proc/{proc.pid}/task")
+        assert [os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids] == [7] * 4
+        assert lower_priority([proc.pid], 0) == 0
+    finally:
+        proc.kill()
+        proc.wait()
