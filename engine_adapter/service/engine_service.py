@@ -78,7 +78,7 @@ class EngineService:
         self._prom: collections.deque[PromSnapshot] = collections.deque()
         self._tasks: list[asyncio.Task] = []
         # (monotonic time, new concurrency) at every background-load change
-        self.load_changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=200)
+        self._load_changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=200)
         # called with each finished foreground request (the session recorder); must not block
         self.on_result: list[Callable[[RequestResult], None]] = []
         # a speculation-off engine on the same target, started on first use
@@ -252,8 +252,14 @@ class EngineService:
 
     # --- K policies ---------------------------------------------------------
     @property
-    def policy_changes(self) -> collections.deque[tuple[float, dict]]:
-        return self.live_policy.changes
+    def policy_changes(self) -> list[tuple[float, dict]]:
+        # copies: the service loop appends while the page's handler threads read
+        # (iterating a deque that changes raises "deque mutated during iteration")
+        return list(self.live_policy.changes)
+
+    @property
+    def load_changes(self) -> list[tuple[float, int]]:
+        return list(self._load_changes)
 
     async def set_policy(self, spec: PolicySpec) -> PolicyState | None:
         """Apply a K policy to the running engine, live (None: queued behind profiling)."""
@@ -389,10 +395,10 @@ class EngineService:
         if n != before:
             now = time.monotonic()
             # one marker per gesture: a drag sends many values within a second or two
-            if self.load_changes and now - self.load_changes[-1][0] < 2.0:
-                self.load_changes[-1] = (self.load_changes[-1][0], n)
+            if self._load_changes and now - self._load_changes[-1][0] < 2.0:
+                self._load_changes[-1] = (self._load_changes[-1][0], n)
             else:
-                self.load_changes.append((now, n))
+                self._load_changes.append((now, n))
         return n
 
     async def _set_bg(self, n: int, session: str) -> int:

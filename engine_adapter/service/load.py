@@ -16,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,7 +114,10 @@ class BackgroundLoad:
         # (engine step time, tokens it emitted) for every step of every request, finished or not: the
         # load's rate as the engine delivers it (counting finished requests only lagged by a request's
         # whole life: at 64 requests in flight, many seconds with nothing finished read as 0 tokens/s)
-        self.emitted_log: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
+        # The event loop's thread appends while a page's handler thread reads: the lock keeps a reader
+        # from iterating a deque that changes under it ("deque mutated during iteration", seen in the soak).
+        self._emitted: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
+        self._emitted_lock = threading.Lock()
 
     @property
     def target(self) -> int:
@@ -126,11 +130,14 @@ class BackgroundLoad:
     def tokens_per_second(self, window_s: float = 10.0) -> float:
         """Tokens the engine emitted for this load's requests in the last ``window_s`` seconds, per second."""
         now = time.monotonic()
-        return sum(n for t, n in self.emitted_log if now - t <= window_s) / window_s
+        with self._emitted_lock:
+            emitted = list(self._emitted)
+        return sum(n for t, n in emitted if now - t <= window_s) / window_s
 
     def note_step(self, step: Step) -> None:
         """One engine step of one of this load's requests (``_run_one`` calls it as they stream)."""
-        self.emitted_log.append((step.t, len(step.emitted)))
+        with self._emitted_lock:
+            self._emitted.append((step.t, len(step.emitted)))
 
     def set_concurrency(self, n: int) -> int:
         """Keep ``n`` requests in flight (clamped to 0..max_concurrency); returns n."""

@@ -1,6 +1,7 @@
 """A newcomer's first minutes, in a real browser: ``python app.py`` with no cost model cached.
 
-Tiny models (the ``close`` draft, so drafting pays and auto drafts), the app's default policy
+Tiny models (the ``close`` draft, about 0.93 of greedy drafts accepted, so drafting pays at one
+request and auto drafts), the app's default policy
 (auto), an empty cost-model cache: the page says it is measuring this machine and draws the
 step-time picture, then says ready (that no visitor's request shares a profiling step, and that
 one sent meanwhile is refused, tests/engine/test_cold_start.py checks on the engine's steps); the first request shows
@@ -39,11 +40,11 @@ STATE_JS = f"""() => ({{
     .map(tr => [...tr.querySelectorAll('td')].map(td => +td.textContent.trim()))
     .filter(c => c.length >= 3 && c.slice(0, 3).every(Number.isFinite)).map(c => c.slice(0, 3)),
 }})"""
-# the state once "now" has at least ``min_batch`` requests and the K the table gives that batch
-# size, else null (a falsy value keeps Playwright's wait_for_function polling)
-ON_TABLE_JS = f"""(min_batch) => {{
+# the state once "now" has ``min_batch`` to ``max_batch`` requests and the K the table gives that
+# batch size, else null (a falsy value keeps Playwright's wait_for_function polling)
+ON_TABLE_JS = f"""(min_batch, max_batch) => {{
   const s = ({STATE_JS})();
-  if (!s.now || s.now[0] < min_batch) return null;
+  if (!s.now || s.now[0] < min_batch || s.now[0] > max_batch) return null;
   const rows = s.table.filter(r => r[0] <= s.now[0]);
   return rows.length > 0 && rows[rows.length - 1][2] === s.now[1] ? s.now : null;
 }}"""
@@ -96,8 +97,9 @@ def test_the_page_measures_this_machine_before_it_says_ready(cold):
     playwright.expect(pg.locator("#policy input[value=auto]")).to_be_checked(timeout=15_000)
     checked = [r.get_attribute("value") for r in pg.locator("#policy input[type=radio]").all() if r.is_checked()]
     assert checked == ["auto"], checked
-    # the step-time picture drew the measured cells
-    assert pg.locator("#step-time .scatterlayer .trace").count() >= 3
+    # the step-time picture drew the measured cells (at its timer's next tick)
+    traces = "() => document.querySelectorAll('#step-time .scatterlayer .trace').length >= 3"
+    pg.wait_for_function(traces, timeout=15_000)
 
 
 def test_the_first_request_after_ready_shows_accepted_drafts(cold):
@@ -111,30 +113,37 @@ def test_the_first_request_after_ready_shows_accepted_drafts(cold):
 
 
 def test_raising_the_load_moves_the_k_in_force_along_the_auto_table(cold):
-    """Under a load of 1 and of 24, the K in force is the auto table's K for the batch size,
+    """Under a load of 1 and of 48, the K in force is the auto table's K for the batch size,
     both read from the page at one moment (the table is derived again as acceptance is
     measured), and it is lower under load: the table falls with the measured cost model (on 2
-    cores of an AMD EPYC, 2026-12-01: [[1, 18, 3], [19, 64, 0]], so K went 3 -> 0)."""
+    cores of an AMD EPYC, 2026-12-01, with a draft accepting 0.69: [[1, 18, 3], [19, 64, 0]], so
+    K went 3 -> 0; on an AVX-512 EPYC, 2026-12-02, that draft never paid, K=0 at every batch
+    size, hence the closer draft, about 0.93, and the heavier load)."""
     pg, *_ = cold
     try:
-        drag_slider(pg, 1)  # one request at a time, steadily: the picture's "now" covers the last 5 s only
-        b_alone, k_alone = state_on_the_table(pg, 1, timeout_ms=60_000)
-        drag_slider(pg, 24)
-        batch, k_load = state_on_the_table(pg, 16, timeout_ms=120_000)
+        # one request at a time, steadily: the picture's "now" is the median of the last 5 s, which
+        # may still hold the profile's last cell (16 requests) or the first request's steps
+        drag_slider(pg, 1)
+        b_alone, k_alone = state_on_the_table(pg, 1, 1, timeout_ms=60_000)
+        drag_slider(pg, 48)
+        batch, k_load = state_on_the_table(pg, 32, 64, timeout_ms=120_000)
         pg.screenshot(path=str(SHOTS / "cold-3-under-load.png"), full_page=True)
     finally:
         drag_slider(pg, 0)
     assert b_alone < 2 and k_alone > 0, (b_alone, k_alone)  # the request alone drafted
     # the lesson: the machine fills, K falls (on the CI machine, 2026-12-01: K=1 at 23 requests)
-    assert batch >= 16 and k_load < k_alone, (batch, k_load, k_alone, pg.evaluate(STATE_JS)["table"])
+    assert batch >= 32 and k_load < k_alone, (batch, k_load, k_alone, pg.evaluate(STATE_JS)["table"])
 
 
-def state_on_the_table(pg, min_batch: int, timeout_ms: int) -> tuple[float, int]:
-    """Wait until "now" has at least ``min_batch`` requests and the K the auto table on the page
-    gives that batch size; return (batch size, K), or fail saying what the page showed."""
+def state_on_the_table(pg, min_batch: int, max_batch: int, timeout_ms: int) -> tuple[float, int]:
+    """Wait until "now" has ``min_batch`` to ``max_batch`` requests and the K the auto table on the
+    page gives that batch size; return (batch size, K), or fail saying what the page showed."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
-        return tuple(pg.wait_for_function(f"() => ({ON_TABLE_JS})({min_batch})", timeout=timeout_ms).json_value())
+        found = pg.wait_for_function(f"() => ({ON_TABLE_JS})({min_batch}, {max_batch})", timeout=timeout_ms)
+        return tuple(found.json_value())
     except PlaywrightTimeout:
-        raise AssertionError(f"K in force not on the table at batch >= {min_batch}: {pg.evaluate(STATE_JS)}") from None
+        raise AssertionError(
+            f"K in force not on the table at batch {min_batch}..{max_batch}: {pg.evaluate(STATE_JS)}"
+        ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -28,3 +29,27 @@ def test_the_rate_counts_tokens_as_the_engine_emits_them(ages_and_tokens, expect
     for age, n in ages_and_tokens:
         load.note_step(_step(now - age, n))
     assert load.tokens_per_second(window_s=10.0) == pytest.approx(expected, rel=1e-3)
+
+
+def test_the_rate_can_be_read_while_steps_arrive_from_another_thread():
+    """A page's handler thread reads the rate while the event loop's thread notes steps (the soak
+    saw "deque mutated during iteration" before the log had a lock)."""
+    load = BackgroundLoad(client=None, prompts=["p"])
+    stop = threading.Event()
+
+    def note() -> None:
+        while not stop.is_set():
+            load.note_step(_step(time.monotonic(), 1))
+
+    writer = threading.Thread(target=note)
+    writer.start()
+    try:
+        deadline = time.monotonic() + 1.0
+        reads = 0
+        while time.monotonic() < deadline:
+            assert load.tokens_per_second() >= 0.0
+            reads += 1
+    finally:
+        stop.set()
+        writer.join()
+    assert reads > 10 and load.tokens_per_second() > 0.0
