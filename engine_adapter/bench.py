@@ -96,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     out = asyncio.run(bench(BenchSettings(**vars(args))))
     bw = ", ".join(f"{n} core(s) {g} GB/s" for n, g in out["machine"]["bandwidth_gbs"].items())
-    print(f"read bandwidth: {bw}; target weights {out['machine']['target_weight_bytes'] / 1e9:.2f} GB per step")
+    m = out["machine"]
+    print(
+        f"read bandwidth: {bw}; target weights {m['target_weight_bytes'] / 1e9:.2f} GB, "
+        f"{m['target_bytes_per_step'] / 1e9:.2f} GB read per step"
+    )
     print_table(out["rows"])
     print(json.dumps(out))
     return 0

@@ -19,7 +19,13 @@ from typing import Any
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.models import resolve_model
 from engine_adapter.engine.resources import loaded_bytes, stored_dtype
-from engine_adapter.engine.roofline import read_bandwidth_gbs, roofline_tokens_per_s, weight_bytes, worker_cores
+from engine_adapter.engine.roofline import (
+    bytes_read_per_step,
+    read_bandwidth_gbs,
+    roofline_tokens_per_s,
+    weight_bytes,
+    worker_cores,
+)
 from engine_adapter.engine_config import EngineConfig, resolve_dtype
 from engine_adapter.prompts import load_presets
 from engine_adapter.records import RequestResult
@@ -121,6 +127,7 @@ def machine_roofline(settings: BenchSettings) -> dict[str, Any]:
         "dtype": dtype,
         "bandwidth_gbs": {str(n): round(read_bandwidth_gbs(n), 2) for n in cores},
         "target_weight_bytes": loaded_bytes(weight_bytes(target_dir), stored_dtype(target_dir), dtype),
+        "target_bytes_per_step": bytes_read_per_step(target_dir, dtype),
     }
 
 
@@ -129,7 +136,7 @@ def add_roofline(row: dict[str, Any], machine: dict[str, Any]) -> None:
     if row["method"] != "off":
         return
     bw = machine["bandwidth_gbs"][str(row["worker_cores"])]
-    bound = roofline_tokens_per_s(bw, machine["target_weight_bytes"], row["concurrency"])
+    bound = roofline_tokens_per_s(bw, machine["target_bytes_per_step"], row["concurrency"])
     row["roofline_tokens_per_s"] = round(bound, 3)
     row["roofline_fraction"] = round(row["tokens_per_s"] / bound, 3) if bound else None
 

@@ -3,11 +3,12 @@ by ``python -m engine_adapter.bench``, not here: a unit test must not time the m
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
-from engine_adapter.engine.roofline import roofline_tokens_per_s, weight_bytes, worker_cores
+from engine_adapter.engine.roofline import bytes_read_per_step, roofline_tokens_per_s, weight_bytes, worker_cores
 from engine_adapter.measure.throughput import add_roofline
 
 
@@ -45,6 +46,47 @@ def test_weight_bytes_are_the_safetensors_files(tmp_path):
     ],
 )
 def test_bench_rows_get_their_roofline_fraction(row, fraction):
-    machine = {"bandwidth_gbs": {"1": 9.0, "2": 18.0}, "target_weight_bytes": 2_000_000_000}
+    machine = {
+        "bandwidth_gbs": {"1": 9.0, "2": 18.0},
+        "target_weight_bytes": 2_400_000_000,
+        "target_bytes_per_step": 2_000_000_000,
+    }
     add_roofline(row, machine)
     assert row.get("roofline_fraction") == (pytest.approx(fraction, abs=1e-3) if fraction else None)
+
+
+@pytest.mark.parametrize(
+    "config, stored, dtype, file_bytes, per_step",
+    [
+        # the packaged 1.5B target: untied, 151936 x 1536 bf16 input embedding (0.467 GB) only gathered
+        (
+            {"tie_word_embeddings": False, "vocab_size": 151936, "hidden_size": 1536, "torch_dtype": "bfloat16"},
+            "bfloat16",
+            "bfloat16",
+            3_554_214_752,
+            3_554_214_752 - 151936 * 1536 * 2,
+        ),
+        # tied (the 0.5B draft, and transformers' default): the table is read once, as the output layer
+        (
+            {"tie_word_embeddings": True, "vocab_size": 151936, "hidden_size": 896, "torch_dtype": "bfloat16"},
+            "bfloat16",
+            "bfloat16",
+            988_097_824,
+            988_097_824,
+        ),
+        ({"vocab_size": 100, "hidden_size": 10, "torch_dtype": "bfloat16"}, "bfloat16", "bfloat16", 5_000, 5_000),
+        # bf16 files loaded as float32: twice the bytes, and the embedding in float32 too
+        (
+            {"tie_word_embeddings": False, "vocab_size": 100, "hidden_size": 10, "torch_dtype": "bfloat16"},
+            "bfloat16",
+            "float32",
+            5_000,
+            10_000 - 100 * 10 * 4,
+        ),
+    ],
+)
+def test_bytes_read_per_step_leave_out_an_untied_input_embedding(tmp_path, config, stored, dtype, file_bytes, per_step):
+    with (tmp_path / "model.safetensors").open("wb") as f:
+        f.truncate(file_bytes)  # a sparse file: its size, no disk
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert bytes_read_per_step(tmp_path, dtype) == per_step
