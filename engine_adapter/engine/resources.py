@@ -110,12 +110,17 @@ def weight_bytes(model_dir: Path) -> int:
 BYTES_PER_PARAM = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
+def model_config(model_dir: Path | None) -> dict:
+    """A model directory's config.json, or {} where there is none or it does not parse."""
+    try:
+        return json.loads((Path(model_dir) / "config.json").read_text()) if model_dir else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def stored_dtype(model_dir: Path | None) -> str:
     """The dtype a model's weights are stored in (its config.json; the packaged pair: bfloat16)."""
-    try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text()) if model_dir else {}
-    except (OSError, ValueError):
-        cfg = {}
+    cfg = model_config(model_dir)
     return str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
 
 

@@ -18,13 +18,12 @@ Run it with no engine running (it uses the cores the engine would). Units: GB/s,
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
 from pathlib import Path
 
-from engine_adapter.engine.resources import BYTES_PER_PARAM, loaded_bytes, stored_dtype, weight_bytes
+from engine_adapter.engine.resources import BYTES_PER_PARAM, loaded_bytes, model_config, stored_dtype, weight_bytes
 
 
 def read_bandwidth_gbs(threads: int, size_gb: float = 1.0, repeats: int = 7) -> float:
@@ -55,12 +54,8 @@ def untied_embedding_params(config: dict) -> int:
 def bytes_read_per_step(model_dir: Path, dtype: str) -> int:
     """Bytes one decode step reads at least: the weights in ``dtype``, less an untied input embedding
     (the packaged 1.5B target: 3.55 GB of weights, 3.09 GB read per step)."""
-    try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
     total = loaded_bytes(weight_bytes(model_dir), stored_dtype(model_dir), dtype)
-    return max(0, total - untied_embedding_params(config) * BYTES_PER_PARAM.get(dtype, 2))
+    return max(0, total - untied_embedding_params(model_config(model_dir)) * BYTES_PER_PARAM.get(dtype, 2))
 
 
 def roofline_tokens_per_s(bandwidth_gbs: float, bytes_per_step: int, batch: int = 1) -> float:

@@ -142,7 +142,7 @@ class PolicyPanel:
             [self.policy, self.k, self.table, self.sync_timer],
             show_progress="hidden",
         )
-        self.drawn = gr.State(None)  # what this page's charts show (``_charts_key``)
+        self.drawn = gr.State(None)  # chart -> the key of what this page's chart shows (``refresh``)
         gr.Timer(CHART_REFRESH_S).tick(
             self.refresh,
             [foreground, self.drawn],
