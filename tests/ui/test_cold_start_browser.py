@@ -46,7 +46,7 @@ ON_TABLE_JS = f"""(min_batch, max_batch) => {{
   const s = ({STATE_JS})();
   if (!s.now || s.now[0] < min_batch || s.now[0] > max_batch) return null;
   const rows = s.table.filter(r => r[0] <= s.now[0]);
-  return rows.length > 0 && rows[rows.length - 1][2] === s.now[1] ? s.now : null;
+  return rows.length > 0 && rows[rows.length - 1][2] === s.now[1] ? s : null;
 }}"""
 
 
@@ -115,34 +115,49 @@ def test_the_first_request_after_ready_shows_accepted_drafts(cold):
 def test_raising_the_load_moves_the_k_in_force_along_the_auto_table(cold):
     """Under a load of 1 and of 48, the K in force is the auto table's K for the batch size,
     both read from the page at one moment (the table is derived again as acceptance is
-    measured), and it is lower under load: the table falls with the measured cost model (on 2
-    cores of an AMD EPYC, 2026-12-01, with a draft accepting 0.69: [[1, 18, 3], [19, 64, 0]], so
-    K went 3 -> 0; on an AVX-512 EPYC, 2026-12-02, that draft never paid, K=0 at every batch
-    size, hence the closer draft, about 0.93, and the heavier load)."""
+    measured), and the table never rises with the batch size.
+
+    Whether it falls between 1 and 48 requests is the measured cost model's to say, and for the
+    tiny pair it depends on the machine: on 2 cores of an AMD EPYC (2026-12-01) a draft accepting
+    0.69 gave [[1, 18, 3], [19, 64, 0]]; on an AVX-512 EPYC (2026-12-02) that draft never paid (K=0
+    at every batch size, hence the closer draft, about 0.93); on the CI machine (2026-12-02) the
+    closer draft paid at every batch size ([[1, 64, 5]]: a tiny model's step is the engine's fixed
+    overhead, not its weights). The fall itself is tests/unit/test_k_policy.py's on hand-made costs
+    and docs/benchmarks.md's on the packaged pair; here, where the table falls, K must fall with it."""
     pg, *_ = cold
     try:
         # one request at a time, steadily: the picture's "now" is the median of the last 5 s, which
         # may still hold the profile's last cell (16 requests) or the first request's steps
         drag_slider(pg, 1)
-        b_alone, k_alone = state_on_the_table(pg, 1, 1, timeout_ms=60_000)
+        b_alone, k_alone, alone_table = state_on_the_table(pg, 1, 1, timeout_ms=60_000)
         drag_slider(pg, 48)
-        batch, k_load = state_on_the_table(pg, 32, 64, timeout_ms=120_000)
+        batch, k_load, table = state_on_the_table(pg, 32, 64, timeout_ms=120_000)
         pg.screenshot(path=str(SHOTS / "cold-3-under-load.png"), full_page=True)
     finally:
         drag_slider(pg, 0)
     assert b_alone < 2 and k_alone > 0, (b_alone, k_alone)  # the request alone drafted
-    # the lesson: the machine fills, K falls (on the CI machine, 2026-12-01: K=1 at 23 requests)
-    assert batch >= 32 and k_load < k_alone, (batch, k_load, k_alone, pg.evaluate(STATE_JS)["table"])
+    assert batch >= 32, batch
+    ks = [k for _, _, k in table]
+    assert ks == sorted(ks, reverse=True), table  # the machine fills, K never rises
+    # where the table falls between 1 and ``batch`` requests, the K in force fell with it
+    assert k_load == table_k(table, batch) and k_alone == table_k(alone_table, 1), (table, alone_table)
 
 
-def state_on_the_table(pg, min_batch: int, max_batch: int, timeout_ms: int) -> tuple[float, int]:
+def table_k(table: list[list[int]], batch: float) -> int:
+    """The K a vLLM table ([[start_bs, end_bs, K], ...], gaps inherit) gives ``batch`` requests."""
+    return [k for start, _, k in table if start <= batch][-1]
+
+
+def state_on_the_table(pg, min_batch: int, max_batch: int, timeout_ms: int) -> tuple[float, int, list[list[int]]]:
     """Wait until "now" has ``min_batch`` to ``max_batch`` requests and the K the auto table on the
-    page gives that batch size; return (batch size, K), or fail saying what the page showed."""
+    page gives that batch size; return (batch size, K, the table), read at one moment, or fail
+    saying what the page showed."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:
         found = pg.wait_for_function(f"() => ({ON_TABLE_JS})({min_batch}, {max_batch})", timeout=timeout_ms)
-        return tuple(found.json_value())
+        state = found.json_value()
+        return state["now"][0], state["now"][1], state["table"]
     except PlaywrightTimeout:
         raise AssertionError(
             f"K in force not on the table at batch {min_batch}..{max_batch}: {pg.evaluate(STATE_JS)}"
