@@ -145,6 +145,12 @@ class EngineConfig:
         )
 
     @property
+    def acceptance_rules(self) -> bool:
+        """Whether the engine can switch acceptance rules live (``acceptance_rule.py``): they
+        travel on the control channel, which an engine started with a table has."""
+        return self.method != "off" and self.tap and (self.k_table is not None or self.k_max is not None)
+
+    @property
     def async_scheduling(self) -> bool:
         """vLLM's own default: async for no speculation and model drafters,
         sync for the CPU-side drafters (ngram, suffix)."""

@@ -17,7 +17,7 @@ No I/O and no engine here; the statistics are kept apart from the stream code.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from engine_adapter.records import SpecDecodeMetrics, Step, TokenKind
 
@@ -30,20 +30,23 @@ def drafted_across_hole(steps: Sequence[Step]) -> set[int]:
     return {s.index for prev, s in zip(steps, steps[1:]) if s.num_drafted and prev.drafter_idle and not prev.caught_up}
 
 
-def kinds_for_step(step_index: int, num_drafted: int, accepted: int, num_emitted: int) -> list[TokenKind]:
+def kinds_for_step(
+    step_index: int, num_drafted: int, accepted: int, num_emitted: int, relaxed: Collection[int] = ()
+) -> list[TokenKind]:
     """Kinds of the ``num_emitted`` tokens one step appended, in order.
 
     The step verified ``num_drafted`` drafts and kept ``accepted`` of them; the
     target then adds one token: ``recovered`` at the first rejection, ``bonus``
     if every draft was kept. A stop (max_tokens, stop token) can cut the step
-    short, so fewer tokens may have been emitted than ``accepted + 1``.
+    short, so fewer tokens may have been emitted than ``accepted + 1``. Kept drafts
+    at the 1-based positions ``relaxed`` were kept only by a lossy rule: ``relaxed``.
     """
     if step_index == 0 and num_drafted == 0:
         full: list[TokenKind] = ["prefill"]
     elif num_drafted == 0:
         full = ["plain"]
     else:
-        full = ["accepted"] * accepted
+        full = ["relaxed" if j + 1 in relaxed else "accepted" for j in range(accepted)]
         full.append("bonus" if accepted == num_drafted else "recovered")
     return full[:num_emitted]
 

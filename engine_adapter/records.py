@@ -6,7 +6,10 @@ benchmarks read only these types. Names follow vLLM's vocabulary:
 - kinds of generated token: ``prefill`` (first token, computed by the prefill
   step), ``accepted`` (a draft token the target kept), ``recovered`` (the
   target's token at the first rejection), ``bonus`` (the target's extra token
-  after all drafts were kept), ``plain`` (a decode step with no draft);
+  after all drafts were kept), ``plain`` (a decode step with no draft),
+  ``relaxed`` (a draft kept only because a lossy acceptance rule was in force:
+  vLLM's own rule rejected it; ``acceptance_rule.py``). vLLM counts a relaxed
+  draft as accepted in its metrics;
 - ``rejected`` draft tokens are not part of the text; each step keeps them.
 
 Units: times in seconds (``t`` is ``time.monotonic()`` of the engine host),
@@ -20,8 +23,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-TokenKind = Literal["prefill", "accepted", "recovered", "bonus", "plain"]
-TOKEN_KINDS: tuple[TokenKind, ...] = ("prefill", "accepted", "recovered", "bonus", "plain")
+TokenKind = Literal["prefill", "accepted", "relaxed", "recovered", "bonus", "plain"]
+TOKEN_KINDS: tuple[TokenKind, ...] = ("prefill", "accepted", "relaxed", "recovered", "bonus", "plain")
 
 # The profiler's own requests (policy/profiler.py) carry ids with this prefix, so the tap can
 # count them in every step (``EngineStep.profiling_requests``). Our ids contain no "-".
@@ -59,6 +62,17 @@ Provenance = Literal["tap", "counts"]
 
 
 @dataclass(frozen=True, slots=True)
+class RelaxedDraft:
+    """A draft kept only by a lossy acceptance rule, and what the target would have written."""
+
+    position: int  # 1-based position in the step's draft
+    target_id: int  # the target's own most likely token there
+    p_draft: float  # the target's probability of the kept draft
+    p_target: float  # the target's probability of its own token
+    target_text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Token:
     """One token the request emitted (or, with ``rejected=True``, a thrown-away draft)."""
 
@@ -70,6 +84,7 @@ class Token:
     k: int  # K in force in that step (0 = no drafting)
     batch_size: int  # requests scheduled in that step
     draft_id: int | None = None  # the draft's id at this position, if known
+    relaxed: RelaxedDraft | None = None  # for kind ``relaxed``: the target's own choice there
 
 
 @dataclass(slots=True)
@@ -100,6 +115,14 @@ class Step:
     # tokens the draft model re-ran for this request in this step to fill that hole
     # (0: none); from the next step on it drafts again
     caught_up: int = 0
+    # drafts among the ``accepted`` that only a lossy acceptance rule kept (vLLM's rejected them)
+    relaxed: list[RelaxedDraft] = field(default_factory=list)
+    rule: str = "lossless"  # the acceptance rule the step was verified under
+
+    @property
+    def lossless_accepted(self) -> int:
+        """The drafts vLLM's own rule kept: those before the first relaxed one."""
+        return min(self.accepted, self.relaxed[0].position - 1) if self.relaxed else self.accepted
 
 
 @dataclass(slots=True)
@@ -163,6 +186,11 @@ class RequestResult:
         return [tok for s in self.steps for tok in s.tokens]
 
     @property
+    def num_relaxed(self) -> int:
+        """Accepted drafts (in vLLM's metrics) that only a lossy acceptance rule kept."""
+        return sum(len(s.relaxed) for s in self.steps)
+
+    @property
     def tokens_per_second(self) -> float:
         """Completion tokens over the request's whole wall time (prefill included)."""
         dt = self.t_end - self.t_start
@@ -193,7 +221,8 @@ class EngineStep:
     num_accepted: int
     num_emitted: int
     # per draft position i+1: requests whose draft there was tested (every
-    # earlier draft kept) and requests whose draft there was kept
+    # earlier draft kept) and requests whose draft there was kept, by vLLM's own
+    # (lossless) rule, whatever rule was in force
     accepted_per_pos: tuple[int, ...]
     reached_per_pos: tuple[int, ...]
     num_drafting: int  # requests that verified at least one draft this step
@@ -207,6 +236,8 @@ class EngineStep:
     # requests of the profiler's own in this step (``is_profile_request``): a step that has any
     # must have nothing else (a profiling cell never runs a visitor's request)
     profiling_requests: int = 0
+    num_relaxed: int = 0  # of ``num_accepted``, drafts only a lossy acceptance rule kept
+    rule: str = "lossless"  # the acceptance rule the step was verified under
 
 
 # The first columns of a sweep CSV (python -m engine_adapter.sweep), which the explorer's

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from engine_adapter.engine_config import EngineConfig, resolve_dtype
-from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER, scheduler_class_path
+from engine_adapter.vllm_plugin.paths import ACCEPTANCE_RULE_WORKER, IDLE_DRAFTER_WORKER, scheduler_class_path
 
 
 def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str, Any] | None:
@@ -75,5 +75,7 @@ def server_args(config: EngineConfig, target_dir: str, draft_dir: str | None, po
     if config.drafter_idles:
         # no prefix caching: a cached block's draft KV may hold a hole its writer never caught up,
         # which another request would then draft from (docs/catch-up-design.md, section 7)
-        args += ["--worker-cls", IDLE_DRAFTER_WORKER, "--no-enable-prefix-caching"]
+        args += ["--worker-cls", IDLE_DRAFTER_WORKER, "--no-enable-prefix-caching"]  # acceptance rules too
+    elif config.acceptance_rules:
+        args += ["--worker-cls", ACCEPTANCE_RULE_WORKER]
     return args + list(config.extra_args)

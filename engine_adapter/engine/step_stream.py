@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine_adapter.engine.token_text import IncrementalText, draft_text
 from engine_adapter.provenance import kinds_for_step, steps_from_counts
-from engine_adapter.records import Step, Token
+from engine_adapter.records import RelaxedDraft, Step, Token
 
 if TYPE_CHECKING:  # transformers loads with the tokenizer, after the engine is spawned
     from transformers import PreTrainedTokenizerBase
@@ -56,19 +56,28 @@ def make_step(
     finish_reason: str | None = None,
     drafter_idle: bool = False,
     caught_up: int = 0,
+    relaxed: list[list] | None = None,
+    rule: str = "lossless",
 ) -> Step:
-    """One request's step as a ``Step``, its tokens and rejected drafts labelled (``provenance``)."""
-    kinds = kinds_for_step(index, num_drafted, accepted, len(emitted))
+    """One request's step as a ``Step``, its tokens and rejected drafts labelled (``provenance``);
+    ``relaxed`` is the tap's [[position, target's token, p(draft), p(target's token)], ...]."""
+    kept = [
+        RelaxedDraft(int(pos), int(tid), float(pd), float(pt), draft_text(tokenizer, int(tid)))
+        for pos, tid, pd, pt in relaxed or []
+    ]
+    by_pos = {r.position: r for r in kept}
+    kinds = kinds_for_step(index, num_drafted, accepted, len(emitted), by_pos)
     tokens = [
         Token(
             id=tid,
             text=text.push(tid),
             kind=kind,
             step=index,
-            draft_pos=(j + 1) if kind == "accepted" else None,
+            draft_pos=(j + 1) if kind in ("accepted", "relaxed") else None,
             k=k,
             batch_size=batch_size,
             draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
+            relaxed=by_pos.get(j + 1) if kind == "relaxed" else None,
         )
         for j, (tid, kind) in enumerate(zip(emitted, kinds))
     ]
@@ -100,6 +109,8 @@ def make_step(
         finish_reason=finish_reason,
         drafter_idle=drafter_idle,
         caught_up=caught_up,
+        relaxed=kept,
+        rule=rule,
     )
 
 
@@ -135,6 +146,8 @@ async def steps_from_tap(
                 r.finish_reason,
                 r.drafter_idle,
                 r.caught_up,
+                list(r.relaxed),
+                tstep.rule,
             )
             index += 1
             seen += len(r.emitted)

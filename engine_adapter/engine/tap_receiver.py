@@ -30,13 +30,16 @@ def summarize(step: TapStep) -> EngineStep:
     The per-position counts leave out drafts an idle draft model made across a hole in its KV
     cache (``drafted_across``): they measure the draft model's agreement with the target on the
     text, which the K policies and the acceptance-under-load chart read, while a hole's blank
-    tokens are the load's doing. The step's totals (drafted, accepted) count every draft, as vLLM
+    tokens are the load's doing. Under a lossy acceptance rule they count vLLM's own verdicts
+    (the drafts before the first relaxed one): acceptance stays a property of the text, not of the
+    rule. The step's totals (drafted, accepted) count every draft, relaxed ones too, as vLLM
     does."""
     whole = [r for r in step.reqs if not r.drafted_across]
     k = max((len(r.drafted) for r in whole), default=0)
     # each request is one "step" of position_counts: position i is tested only if
     # every draft before it was kept
-    acc_pos, reached_pos = position_counts([r.accepted for r in whole], [len(r.drafted) for r in whole], k)
+    lossless = [min(r.accepted, r.relaxed[0][0] - 1) if r.relaxed else r.accepted for r in whole]
+    acc_pos, reached_pos = position_counts(lossless, [len(r.drafted) for r in whole], k)
     drafted = sum(len(r.drafted) for r in step.reqs)
     accepted = sum(r.accepted for r in step.reqs)
     emitted = sum(len(r.emitted) for r in step.reqs)
@@ -63,6 +66,8 @@ def summarize(step: TapStep) -> EngineStep:
             for rid, scores, admitted in (step.auction[1] if step.auction else ())
         ),
         profiling_requests=sum(1 for r in step.reqs if is_profile_request(our_request_id(r.engine_request_id))),
+        num_relaxed=sum(len(r.relaxed) for r in step.reqs),
+        rule=step.rule,
     )
 
 

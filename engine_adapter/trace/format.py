@@ -40,7 +40,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine_adapter.records import EngineStep, RequestResult, Step, Token
+from engine_adapter.records import EngineStep, RelaxedDraft, RequestResult, Step, Token
 
 _ROUND = {"t": 4, "wall_s": 5, "interval_s": 5, "tap_s": 6}
 
@@ -62,6 +62,11 @@ def step_line(step: Step) -> dict[str, Any]:
         "wall_s": step.wall_s,
         "drafter_idle": step.drafter_idle,
         "caught_up": step.caught_up,
+        # drafts kept only by a lossy acceptance rule: [position, target's token, p(draft), p(target's), its text]
+        "relaxed": [
+            [r.position, r.target_id, _r(r.p_draft, 5), _r(r.p_target, 5), r.target_text] for r in step.relaxed
+        ],
+        "rule": step.rule,
     }
 
 
@@ -185,7 +190,11 @@ def request_from_line(d: dict[str, Any]) -> RequestResult:
         drafted = s.get("drafted")
         num_drafted = s.get("num_drafted", len(drafted) if drafted is not None else 0)
         emitted = list(s.get("emitted", []))
-        kinds = kinds_for_step(index, num_drafted, s["accepted"], len(emitted))
+        relaxed = {
+            int(r[0]): RelaxedDraft(int(r[0]), int(r[1]), float(r[2]), float(r[3]), str(r[4]) if len(r) > 4 else "")
+            for r in s.get("relaxed", [])
+        }
+        kinds = kinds_for_step(index, num_drafted, s["accepted"], len(emitted), relaxed)
         texts = s.get("texts") or [f"⟨{i}⟩" for i in emitted]
         k, bs = s.get("k", 0), s.get("batch_size", 0)
         tokens = [
@@ -194,10 +203,11 @@ def request_from_line(d: dict[str, Any]) -> RequestResult:
                 text=text,
                 kind=kind,
                 step=index,
-                draft_pos=(j + 1) if kind == "accepted" else None,
+                draft_pos=(j + 1) if kind in ("accepted", "relaxed") else None,
                 k=k,
                 batch_size=bs,
                 draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
+                relaxed=relaxed.get(j + 1) if kind == "relaxed" else None,
             )
             for j, (tid, kind, text) in enumerate(zip(emitted, kinds, texts))
         ]
@@ -231,6 +241,8 @@ def request_from_line(d: dict[str, Any]) -> RequestResult:
                 rejected=rejected,
                 drafter_idle=bool(s.get("drafter_idle", False)),
                 caught_up=int(s.get("caught_up", 0)),
+                relaxed=sorted(relaxed.values(), key=lambda r: r.position),
+                rule=str(s.get("rule", "lossless")),
             )
         )
     if steps:

@@ -59,6 +59,7 @@ from engine_adapter.vllm_plugin.catch_up import (
     MissedRange,
     prepend_catch_up,
 )
+from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
 
 if current_platform.is_cpu():
     from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
@@ -216,8 +217,9 @@ def plan_from_scheduler_output(model_runner, step: StepCatchUp) -> None:
     model_runner.propose_draft_token_ids = with_plan
 
 
-class IdleDrafterWorker(_PlatformWorker):
-    """The platform's vLLM worker, with the drafter idle at K = 0 (see the module docstring)."""
+class IdleDrafterWorker(AcceptanceRuleMixin, _PlatformWorker):
+    """The platform's vLLM worker, with the drafter idle at K = 0 (see the module docstring) and
+    the acceptance rules (``lossy_sampler.py``: vLLM takes one worker class)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -7,7 +7,10 @@ Contract: ``PolicyHooksMixin`` goes before ``tap.TapMixin`` on a vLLM v1 schedul
   started with a K table) ``schedule()`` first applies the commands waiting on it
   (``wire.py``): a new batch-size -> K table, rebuilt with vLLM's own builder, or
   the slot auction, which trims each running request's drafts to the slots it
-  admits (``policy.k_policy.auction``) and sets how deep the drafter proposes next;
+  admits (``policy.k_policy.auction``) and sets how deep the drafter proposes next,
+  or the acceptance rule (``acceptance_rule.py``), which it names on every step's
+  ``SchedulerOutput`` for the worker (``lossy_sampler.py``) and whose relaxed drafts
+  it reads back for the tap;
 - with the idle drafter (``idle_drafter.py``, named by vLLM's ``worker_cls``) it
   keeps, per request, the hole a K=0 step left in the draft model's KV cache
   (``catch_up.Missed``), plans each K>0 step's catch-up (whole holes, oldest first,
@@ -18,10 +21,12 @@ Contract: ``PolicyHooksMixin`` goes before ``tap.TapMixin`` on a vLLM v1 schedul
   at the skipped slots: its drafts come from its own text alone; ``_hole``), and
   corrects a table policy's K where ``policy.k_policy.idle_drafter_k`` says so.
 
-It feeds the observing half through the tap's hooks: per-request verdicts go to the
-auction's ``SlotEstimator``, and each step's auction decision and the count of
-applied commands go into the step's message. Output stays lossless: the target
-still verifies every draft that is left. A bad command never stops the engine.
+It feeds the observing half through the tap's hooks: per-request lossless verdicts go
+to the auction's ``SlotEstimator`` (under a lossy rule, the drafts before the first
+relaxed one; that one the lossless rule rejected), and each step's auction decision
+and the count of applied commands go into the step's message. Output stays lossless
+unless a lossy acceptance rule was asked for: the target still verifies every draft
+that is left. A bad command never stops the engine.
 
 This module pins vLLM internals (tested with vllm 0.32.0).
 """
@@ -36,9 +41,11 @@ import zmq
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
 from engine_adapter.acceptance import SlotEstimator
+from engine_adapter.acceptance_rule import AcceptanceRule
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS, auction, best_ceiling, idle_drafter_k
 from engine_adapter.records import visitor_count
+from engine_adapter.vllm_plugin.acceptance_rules import RELAXED_ATTR, RULE_ATTR
 from engine_adapter.vllm_plugin.catch_up import (
     APPLIED_ATTR,
     PASS_SKIPPED_ATTR,
@@ -96,6 +103,10 @@ class PolicyHooksMixin:
         self._holed_at_schedule: dict[int, frozenset[str]] = {}
         self._across_now: frozenset[str] = frozenset()  # the same, for the step being published
         self._steps_scheduled = 0
+        # the acceptance rule, engine-wide (None = vLLM's lossless rule): named on every step's
+        # SchedulerOutput for the worker (lossy_sampler.py), which says what it relaxed
+        self._acceptance: dict | None = None
+        self._relaxed_now: dict[str, list] = {}  # request -> relaxed drafts, the step being published
         # (monotonic s, batch size) of the last steps, for k_policy.idle_drafter_k
         self._recent_batches: deque[tuple[float, int]] = deque(maxlen=RECENT_PEAK_STEPS)
         if control and self.dynamic_sd_lookup is not None:
@@ -126,6 +137,9 @@ class PolicyHooksMixin:
                     self._auction_cost = cost
                 elif "catch_up" in msg:
                     self._catch_up_tokens = max(int(msg["catch_up"]), 0) * self._draft_model
+                elif "acceptance" in msg:
+                    rule = AcceptanceRule.from_dict(msg["acceptance"])
+                    self._acceptance = rule.to_dict() if rule.lossy else None
             except (ValueError, TypeError, KeyError):
                 pass  # the adapter validates first; a bad command must never stop the engine
             self._controls_applied += 1
@@ -310,6 +324,8 @@ class PolicyHooksMixin:
             self._track_holes(out)
         if decision is not None and self.tap_enabled:
             self._decisions[id(out)] = decision
+        if self._acceptance is not None:
+            setattr(out, RULE_ATTR, self._acceptance)  # reaches the worker's execute_model
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -334,11 +350,13 @@ class PolicyHooksMixin:
         ):
             self._unblanked.update(rid for rid in scheduler_output.num_scheduled_tokens if rid in self._missed)
         self._across_now = self._holed_at_schedule.pop(id(scheduler_output), frozenset())
+        self._relaxed_now = getattr(model_runner_output, RELAXED_ATTR, None) or {}
         try:
             return super().update_from_output(scheduler_output, model_runner_output)
         finally:
             self._caught_up_now.clear()
             self._across_now = frozenset()
+            self._relaxed_now = {}
 
     def shutdown(self) -> None:
         if self._control is not None:
@@ -361,6 +379,13 @@ class PolicyHooksMixin:
 
     def _drafted_across(self, req_id: str) -> bool:
         return req_id in self._across_now
+
+    def _relaxed(self, req_id: str) -> list:
+        return self._relaxed_now.get(req_id, [])
+
+    def _rule_name(self, scheduler_output) -> str:
+        rule = getattr(scheduler_output, RULE_ATTR, None)
+        return rule["name"] if rule else "lossless"
 
     def _step_decision(self, scheduler_output) -> list | None:
         return self._decisions.pop(id(scheduler_output), None)

@@ -15,10 +15,11 @@ blocks the engine: if no reader keeps up, messages are dropped and counted. The
 tap's own time per step is measured and sent with the next step, so its overhead
 is a measured number, not a claim.
 
-What the policy half (``policy_hooks.py``) adds to a message comes through five
-hooks with neutral defaults here: ``_observe_request`` (each request's verdict;
+What the policy half (``policy_hooks.py``) adds to a message comes through hooks
+with neutral defaults here: ``_observe_request`` (each request's lossless verdict;
 returns whether its drafter is idle), ``_caught_up`` (tokens the draft model re-ran
-for it in the step), ``_step_decision`` (the slot auction's
+for it in the step), ``_relaxed`` (its drafts kept only by a lossy acceptance rule),
+``_rule_name`` (the rule of the step), ``_step_decision`` (the slot auction's
 decision for the step), ``_controls_applied`` (control commands applied so far)
 and ``_forget_gone`` (housekeeping for requests vLLM no longer holds).
 
@@ -90,6 +91,14 @@ class TapMixin:
         """Whether the request's drafts verified in the step being published were made across a hole."""
         return False
 
+    def _relaxed(self, req_id: str) -> list:
+        """The request's drafts kept only by a lossy acceptance rule in the step being published."""
+        return []
+
+    def _rule_name(self, scheduler_output) -> str:
+        """The acceptance rule the step was verified under."""
+        return "lossless"
+
     def _forget_gone(self) -> None:
         pass
 
@@ -137,7 +146,7 @@ class TapMixin:
     # --- the message ----------------------------------------------------------
     def _request_rows(self, scheduler_output, num_sampled: dict[str, int], result) -> list[list]:
         """[engine_request_id, drafted, accepted, emitted, finish_reason, num_prompt_tokens, drafter_idle,
-        caught_up, drafted_across] per scheduled request (``wire.py``)."""
+        caught_up, drafted_across, relaxed] per scheduled request (``wire.py``)."""
         # ids appended to each request's output this step, after stop checks
         emitted: dict[str, tuple[list[int], str | None]] = {}
         for outs in result.values():
@@ -153,11 +162,16 @@ class TapMixin:
             # sampled - 1, counted only when drafts were verified and sampled.
             accepted = max(n_sampled - 1, 0) if (drafted and n_sampled) else 0
             ids, reason = emitted.get(req_id, ([], None))
-            idle = self._observe_request(req_id, len(drafted), accepted, reason is not None)
+            relaxed = self._relaxed(req_id)
+            # the estimators learn the lossless verdict: every draft before the first relaxed one was
+            # kept by vLLM's own rule, and that one was rejected by it
+            lossless = min(accepted, relaxed[0][0] - 1) if relaxed else accepted
+            idle = self._observe_request(req_id, len(drafted), lossless, reason is not None)
             request = self.requests.get(req_id)
             n_prompt = request.num_prompt_tokens if request is not None else 0
             across = bool(drafted) and self._drafted_across(req_id)
-            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle, self._caught_up(req_id), across])
+            caught_up = self._caught_up(req_id)
+            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle, caught_up, across, relaxed])
         return rows
 
     def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result) -> None:
@@ -186,6 +200,7 @@ class TapMixin:
             reqs,
             self._controls_applied,
             decision,
+            self._rule_name(scheduler_output),
         )
         tap.publish(payload)
         tap.last_end = now

@@ -6,7 +6,7 @@ only this module for the format, so it holds no vLLM and no UI imports.
 
 A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 
-    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction]
+    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule]
 
 - seq:         engine step counter (int, starts at 1, counts steps with work)
 - t:           time.monotonic() at the end of the step, seconds (CLOCK_MONOTONIC
@@ -22,24 +22,28 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 - dropped:     messages dropped so far because no reader kept up
 - reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
                finish_reason_or_None, num_prompt_tokens, drafter_idle, caught_up,
-               drafted_across]
+               drafted_across, relaxed]
                (drafter_idle: the draft model has a hole for this request, from a
                K=0 step it skipped: no drafts for it until caught up, or drafts
                made across the hole once it outgrew the catch-up budget;
                caught_up: tokens the draft model re-ran for it in this step to
                fill that hole, 0 otherwise; drafted_across: the drafts verified
                in this step were made across such a hole; see idle_drafter.py
-               and catch_up.py)
+               and catch_up.py);
+               relaxed: the drafts kept only by a lossy acceptance rule, [[draft
+               position (1-based), the target's own token, p(draft), p(target's
+               token)], ...] (``lossy_sampler.py``); [] under the lossless rule
 - controls:    control messages applied so far (an acknowledgement: the step
                that first carries n was scheduled under the n-th command)
 - auction:     None, or the slot auction's decision for this step:
                [slots_admitted, [[engine_request_id, [survival per position], admitted], ...],
                 ceiling (positions the drafter proposes from the next step on)]
+- rule:        the acceptance rule the step was verified under ("lossless", "relaxed", "typical")
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -49,6 +53,7 @@ TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 #   {"auction": {"cost": CostModel.to_dict(), "prior": p, "strength": m}}
 #                                             the slot auction (K = k_max, trimmed per request)
 #   {"catch_up": n}                           the idle drafter's catch-up budget, tokens per step
+#   {"acceptance": AcceptanceRule.to_dict()}  the acceptance rule, engine-wide, from the next step on
 CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"
 # With the idle drafter: the most tokens per step the draft model re-runs to catch a request up
 # on the tokens it skipped at K=0 (``catch_up.py``); 0 = never (a holed request drafts across its hole)
@@ -67,6 +72,8 @@ class TapRequestStep:
     drafter_idle: bool = False
     caught_up: int = 0  # tokens the draft model re-ran for it this step (its KV hole filled)
     drafted_across: bool = False  # the drafts verified this step were made across a hole (blank tokens)
+    # drafts kept only by a lossy rule: [[position (1-based), target's token, p(draft), p(target's token)]]
+    relaxed: list = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,7 @@ class TapStep:
     reqs: list[TapRequestStep]
     controls: int = 0
     auction: list | None = None
+    rule: str = "lossless"
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -102,14 +110,17 @@ def encode_step(
     reqs: list[list],
     controls: int = 0,
     auction: list | None = None,
+    rule: str = "lossless",
 ) -> bytes:
     return _encoder.encode(
-        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction]
+        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule]
     )
 
 
 def decode_step(payload: bytes) -> TapStep:
-    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction = _decoder.decode(payload)
+    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule = _decoder.decode(
+        payload
+    )
     return TapStep(
         seq=seq,
         t=t,
@@ -123,6 +134,7 @@ def decode_step(payload: bytes) -> TapStep:
         reqs=[TapRequestStep(*r) for r in reqs],
         controls=controls,
         auction=auction,
+        rule=rule,
     )
 
 

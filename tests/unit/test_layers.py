@@ -22,6 +22,7 @@ VOCABULARY = {
     "engine_adapter.engine_config",
     "engine_adapter.provenance",
     "engine_adapter.acceptance",
+    "engine_adapter.acceptance_rule",
     "engine_adapter.prompts",
     "engine_adapter.package_data",
 }
@@ -31,7 +32,12 @@ CLIS = {"engine_adapter.record", "engine_adapter.bench", "engine_adapter.sweep",
 # layer -> what its modules may import from the project (a name, or a "pkg.*" prefix)
 ALLOWED: dict[str, set[str]] = {
     "vocabulary": VOCABULARY,
-    "vllm_plugin": {"engine_adapter.vllm_plugin.*", "engine_adapter.acceptance", "engine_adapter.records"}
+    "vllm_plugin": {
+        "engine_adapter.vllm_plugin.*",
+        "engine_adapter.acceptance",
+        "engine_adapter.acceptance_rule",
+        "engine_adapter.records",
+    }
     | PURE_POLICY,
     "engine": VOCABULARY
     | {"engine_adapter.engine.*", "engine_adapter.vllm_plugin.wire", "engine_adapter.vllm_plugin.paths"}

@@ -1,0 +1,143 @@
+"""The acceptance rule inside vLLM's worker: vLLM's rejection sampler, then the lossy rule.
+
+Contract: ``AcceptanceRuleMixin`` goes before vLLM's platform worker: ``AcceptanceRuleWorker``
+(``--worker-cls`` ``paths.ACCEPTANCE_RULE_WORKER``) and ``idle_drafter.IdleDrafterWorker``. At
+``load_model`` it replaces the module attribute ``rejection_sample`` of
+``vllm.v1.sample.rejection_sampler`` (looked up by name at every call, DESIGN.md section 7)
+with a wrapper that always runs vLLM's own function first; under ``lossless`` that result is
+returned untouched, so outputs are byte-identical to vLLM's. Under a lossy rule the rows with
+a rejection are rebuilt by ``acceptance_rules.relax_rows`` (the accepted prefix, then exactly
+one target token, then padding: the contract vLLM's scheduler counts by).
+
+The rule travels with each step: the scheduler sets ``RULE_ATTR`` (the rule's dict, or absent
+for lossless) on the ``SchedulerOutput``; ``execute_model`` reads it. The relaxed tokens go
+back on the ``ModelRunnerOutput`` as ``RELAXED_ATTR``: request id -> [[draft position (1-based),
+target's own token, p(draft), p(target's token)], ...], pickled to the scheduler's process.
+A failure in the lossy rule never stops the engine: the step keeps vLLM's lossless rows.
+
+This module pins vLLM internals (tested with vllm 0.32.0).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass, field
+
+import vllm.v1.sample.rejection_sampler as rejection_sampler_module
+from vllm.platforms import current_platform
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
+
+from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
+from engine_adapter.vllm_plugin.acceptance_rules import RELAXED_ATTR, RULE_ATTR, RelaxedToken, relax_rows
+
+if current_platform.is_cpu():
+    from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
+else:
+    from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
+
+logger = logging.getLogger("vllm").getChild("acceptance_rule")
+
+GREEDY_TEMPERATURE = 0.0  # vLLM's (rejection_sampler.py): a greedy request's temperature
+
+
+@dataclass
+class RuleStep:
+    """The rule of the step in progress and what it relaxed (batch row -> tokens)."""
+
+    rule: AcceptanceRule = LOSSLESS
+    relaxed: dict[int, list[RelaxedToken]] = field(default_factory=dict)
+    failed: int = 0
+
+
+def greedy_rows(sampling_metadata, batch_size: int) -> list[bool]:
+    if sampling_metadata.all_greedy:
+        return [True] * batch_size
+    if sampling_metadata.all_random or sampling_metadata.temperature is None:
+        return [False] * batch_size
+    return (sampling_metadata.temperature == GREEDY_TEMPERATURE).tolist()[:batch_size]
+
+
+def rule_aware(original, step: RuleStep):
+    """vLLM's ``rejection_sample``, then the rule in force on the rows it rejected."""
+
+    @functools.wraps(original)
+    def rejection_sample(
+        draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+        bonus_token_ids, sampling_metadata, *args, **kwargs,
+    ):  # fmt: skip
+        out = original(
+            draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
+            bonus_token_ids, sampling_metadata, *args, **kwargs,
+        )  # fmt: skip
+        if not step.rule.lossy:
+            return out
+        lossless = out.clone()
+        try:
+            step.relaxed = relax_rows(
+                step.rule,
+                out,
+                draft_token_ids,
+                list(num_draft_tokens),
+                target_logits,
+                bonus_token_ids,
+                greedy_rows(sampling_metadata, len(num_draft_tokens)),
+                draft_probs,
+                sampling_metadata.generators,
+            )
+        except Exception:  # never stop the engine: this step keeps vLLM's lossless verdicts
+            step.relaxed = {}
+            step.failed += 1
+            if step.failed == 1:
+                logger.exception("acceptance rule %s failed; the step keeps vLLM's verdicts", step.rule.name)
+            return lossless
+        return out
+
+    rejection_sample.spec_explorer_original = original  # type: ignore[attr-defined]
+    return rejection_sample
+
+
+def install(step: RuleStep) -> None:
+    """Put the rule-aware wrapper in place of vLLM's function (once per process)."""
+    current = rejection_sampler_module.rejection_sample
+    original = getattr(current, "spec_explorer_original", current)
+    rejection_sampler_module.rejection_sample = rule_aware(original, step)
+
+
+class AcceptanceRuleMixin:
+    """Mixed in before a vLLM worker class; see the module docstring."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._rule_step = RuleStep()
+
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        install(self._rule_step)
+        logger.info("acceptance rules: vLLM's rejection sampler, then the rule each step names")
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        rule = getattr(scheduler_output, RULE_ATTR, None)
+        try:
+            self._rule_step.rule = AcceptanceRule.from_dict(rule) if rule else LOSSLESS
+        except ValueError:  # the adapter checked it; a bad one falls back to vLLM's rule
+            self._rule_step.rule = LOSSLESS
+        return super().execute_model(scheduler_output, *args, **kwargs)
+
+    def sample_tokens(self, grammar_output):
+        step = self._rule_step
+        step.relaxed = {}
+        out = super().sample_tokens(grammar_output)
+        if step.relaxed and isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT:
+            rows = {
+                out.req_ids[r]: [[t.position, t.target_id, t.p_draft, t.p_target] for t in tokens]
+                for r, tokens in step.relaxed.items()
+                if r < len(out.req_ids)
+            }
+            setattr(out, RELAXED_ATTR, rows)  # pickled back to the scheduler
+        step.relaxed = {}
+        return out
+
+
+class AcceptanceRuleWorker(AcceptanceRuleMixin, _PlatformWorker):
+    """The platform's vLLM worker with the acceptance rules (for engines whose drafter never idles)."""
