@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import zmq
 
+from engine_adapter.acceptance_rule import AcceptanceRule
 from engine_adapter.engine.step_stream import HttpState, reconcile_counts, steps_from_chunks, steps_from_tap
 from engine_adapter.engine.tap_receiver import TapReceiver
 from engine_adapter.engine.token_text import IncrementalText
@@ -170,6 +171,12 @@ class EngineClient:
         if not 0 <= int(tokens) <= MAX_CATCH_UP_TOKENS:
             raise ValueError(f"catch-up tokens must be between 0 and {MAX_CATCH_UP_TOKENS}; got {tokens}")
         await self._send_control({"catch_up": int(tokens)})
+
+    async def set_acceptance(self, rule: AcceptanceRule) -> None:
+        """The acceptance rule, engine-wide, from the engine's next step on (``acceptance_rule.py``);
+        ``controls_sent`` counts it, and each step's ``rule`` says which rule verified it."""
+        rule.check()
+        await self._send_control({"acceptance": rule.to_dict()})
 
     def _check_live(self) -> None:
         if self._control is None:

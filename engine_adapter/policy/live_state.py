@@ -21,7 +21,8 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   the cache, then every window's): a window without drafts keeps the last
   measurement, which fades back to the profile's over ``MEMORY_FADE_S`` (so a
   spell of hard text that put K at 0 everywhere does not keep it there for good);
-- ``changes`` records every policy applied: (monotonic t, spec dict).
+- ``changes`` records every policy applied: (monotonic t, spec dict), and through ``note`` the
+  service's other engine-wide switches (the acceptance rule: ``{"acceptance": rule dict}``).
 
 Engines started without live policies (no ``k_max``, or attached) have no
 controller: ``view().available`` is False and ``apply`` says why.
@@ -277,6 +278,10 @@ class LivePolicy:
                     self.changes.append((ctl.state.t, ctl.state.spec.to_dict() | {"rederived": True}))
 
     # --- reading ------------------------------------------------------------
+    def note(self, change: dict) -> None:
+        """Record an engine-wide switch beside the policies (the session trace writes each as a line)."""
+        self.changes.append((time.monotonic(), dict(change)))
+
     def view(self) -> PolicyView:
         ctl = self.controller
         state = ctl.state if ctl else None

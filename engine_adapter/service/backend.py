@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import POLICY_KINDS, PolicyKind, PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
@@ -85,6 +86,8 @@ class ServiceStatus:
     generation: int  # bumps at every (re)start, so a UI can tell engines apart
     fault: str | None = None  # the engine fault being recovered from (a user's restart clears it)
     vllm_version: str | None = None  # the running engine's, once ready
+    # the acceptance rule in force, engine-wide (every (re)start begins with vLLM's lossless rule)
+    acceptance: AcceptanceRule = LOSSLESS
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,9 @@ class Backend(Protocol):
     async def set_policy(self, spec: PolicySpec) -> PolicyState | None: ...
     async def profile_cost(self) -> None: ...
     def policy_view(self) -> PolicyView: ...
+
+    # --- the acceptance rule (engine-wide; status().acceptance is the one in force)
+    async def set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule: ...
 
     # --- replay (None / the prompt itself / [] on a live engine)
     @property

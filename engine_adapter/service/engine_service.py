@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.launcher import StartProgress
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.prometheus import PromSnapshot, fetch_snapshot
@@ -148,6 +149,7 @@ class EngineService:
                 attached=attach is not None,
                 url=None,
                 fault=self._status.fault if expect_generation is not None else None,
+                acceptance=LOSSLESS,
             )
             # the speculation-off twin survives a change of method or K
             await self._teardown(reference=config is None or old is None or config.target != old.target)
@@ -307,6 +309,26 @@ class EngineService:
 
     def policy_view(self) -> PolicyView:
         return self.live_policy.view()
+
+    # --- the acceptance rule ------------------------------------------------
+    async def set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule:
+        """Switch the acceptance rule of the running engine, live and engine-wide."""
+        return await self._call(self._set_acceptance(rule))
+
+    async def _set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule:
+        rule.check()
+        st, engine = self._status, self._engine
+        if engine is None or st.state != "ready":
+            raise RuntimeError(f"the engine is not ready ({st.state}); try again once it is")
+        if st.config is None or not st.config.acceptance_rules:
+            raise RuntimeError(
+                "this engine cannot switch acceptance rules: that needs speculation on, the scheduler tap "
+                "and a K table (an engine this app started; not an attached server)"
+            )
+        await engine.client.set_acceptance(rule)
+        self._set(acceptance=rule)
+        self.live_policy.note({"acceptance": rule.to_dict()})
+        return rule
 
     # --- requests -----------------------------------------------------------
     async def _get_reference(self) -> LiveEngine:

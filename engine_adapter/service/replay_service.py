@@ -271,6 +271,11 @@ class ReplayService:
     async def profile_cost(self) -> None:
         raise RuntimeError("this is a replay of a recorded session: profiling needs a live engine (python app.py)")
 
+    async def set_acceptance(self, rule: Any) -> Any:
+        raise RuntimeError(
+            "this is a replay of a recorded session: acceptance rules need a live engine (python app.py)"
+        )
+
     # --- foreground requests ---------------------------------------------------
     def _find(self, prompt: str) -> int | None:
         reqs = self.trace.requests

@@ -45,7 +45,7 @@ def check_invariants(r: RequestResult) -> None:
         # (num_drafted may exceed the K in force for one step after a live K change:
         # vLLM's async scheduler sizes draft placeholders from the previous step)
         assert 0 <= s.accepted <= s.num_drafted
-        kinds += kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted))
+        kinds += kinds_for_step(s.index, s.num_drafted, s.accepted, len(s.emitted), {x.position for x in s.relaxed})
     assert kinds == r.kinds
     assert len(r.kinds) == len(r.token_ids)
     if r.spec_decode_metrics is not None:
