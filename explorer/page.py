@@ -19,6 +19,7 @@ from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import data_path, sweeps_dir
 from engine_adapter.prompts import Preset
 from engine_adapter.service.backend import Backend
+from explorer.panels.acceptance import build_acceptance_panel
 from explorer.panels.engine import EnginePanel
 from explorer.panels.export import build_csv_export
 from explorer.panels.load import LoadPanel
@@ -62,6 +63,7 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
             gr.Markdown(data_path("assets", "explain.md").read_text())
         k_max = defaults.config.k_max or defaults.config.k
         build_policy_panel(page, backend, run.request_id, k_max, unlocked, defaults.presenter)
+        build_acceptance_panel(backend, unlocked, defaults.presenter)
         build_sweep_panel(sweeps_dir())
         run.wire()
         engine.wire()

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, validate_k_table
 from engine_adapter.prompts import read_prompts
@@ -40,6 +41,7 @@ class RecordSettings:
     max_model_len: int
     kv_cache_gib: int
     attach: str | None
+    acceptance: AcceptanceRule = LOSSLESS
 
 
 async def record(settings: RecordSettings) -> dict[str, Any]:
@@ -53,7 +55,13 @@ async def record(settings: RecordSettings) -> dict[str, Any]:
         dtype=settings.dtype,
         max_model_len=settings.max_model_len,
         kv_cache_gib=settings.kv_cache_gib,
+        # a lossy rule travels on the control channel, which an engine started with a table has
+        k_max=settings.k if settings.acceptance.lossy and not settings.k_table else None,
     )
+    if settings.acceptance.lossy and (settings.attach or not config.acceptance_rules):
+        raise ValueError(
+            f"--acceptance {settings.acceptance.name} needs an engine this recorder starts, with speculation on"
+        )
     if settings.attach:
         engine = await LiveEngine.attach(settings.attach, k_hint=settings.k)
     else:
@@ -61,6 +69,8 @@ async def record(settings: RecordSettings) -> dict[str, Any]:
             config, progress=lambda p: print(f"[{p.fraction:4.0%}] {p.message}", file=sys.stderr)
         )
     try:
+        if settings.acceptance.lossy:  # from the engine's next step on: each step's "rule" says which verified it
+            await engine.client.set_acceptance(settings.acceptance)
         t0 = time.monotonic()
         results = await run_prompts(
             engine.client,
@@ -88,6 +98,7 @@ async def record(settings: RecordSettings) -> dict[str, Any]:
         "num_prompts": len(prompts),
         "attach": settings.attach,
         "provenance": "counts" if settings.attach else "tap",
+        "acceptance": settings.acceptance.to_dict(),
         "vllm_version": engine.vllm_version,
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }

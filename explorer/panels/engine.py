@@ -2,12 +2,14 @@
 
 Contract: ``EnginePanel(backend, config, presenter)``; ``build_status()`` adds
 the status line (``explorer.views.status.status_markdown``, refreshed every
-second), ``build_settings()`` the "Engine" accordion: the presenter box
+second) and above it the lossy-rule banner (``acceptance_banner_markdown``, empty
+under vLLM's lossless rule), ``build_settings()`` the "Engine" accordion: the presenter box
 (``explorer.panels.presenter``), the speculation method, K and an Apply that
 restarts the engine with ``config`` changed in those two (a live K policy
 keeps room for the chosen K). ``wire()`` connects them.
 
-API names: /apply (method, K, unlocked) -> status line; /status -> status line.
+API names: /apply (method, K, unlocked) -> status line; /status -> status line;
+/acceptance_banner -> the banner.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import gradio as gr
 from engine_adapter.engine_config import EngineConfig, available_methods
 from engine_adapter.service.backend import Backend
 from explorer.panels.presenter import Presenter, build_presenter_box
-from explorer.views.status import status_markdown
+from explorer.views.status import acceptance_banner_markdown, status_markdown
 
 METHOD_LABELS = MappingProxyType(
     {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)", "draft": "draft model", "suffix": "suffix tree"}
@@ -35,6 +37,7 @@ class EnginePanel:
         self.presenter = presenter
 
     def build_status(self) -> gr.Markdown:
+        self.banner = gr.Markdown(acceptance_banner_markdown(self.backend.status()), elem_id="lossy-banner")
         self.status = gr.Markdown(status_markdown(self.backend), elem_id="engine-status")
         return self.status
 
@@ -55,6 +58,10 @@ class EnginePanel:
     def wire(self) -> None:
         self.apply_btn.click(self.apply, [self.method, self.k, self.unlocked], self.status, api_name="apply")
         gr.Timer(1.0).tick(self.status_line, None, self.status, api_name="status", show_progress="hidden")
+        gr.Timer(1.0).tick(self.banner_line, None, self.banner, api_name="acceptance_banner", show_progress="hidden")
+
+    def banner_line(self) -> str:
+        return acceptance_banner_markdown(self.backend.status())
 
     def status_line(self) -> str:
         return status_markdown(self.backend)

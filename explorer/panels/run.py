@@ -75,7 +75,9 @@ class RunPanel:
         with gr.Row():
             self.hist = gr.Plot(histogram_figure(None), show_label=False)
             self.pos = gr.Plot(position_figure(None), show_label=False)
-        with gr.Accordion("Lossless check: the same prompt with speculation off", open=False):
+        with gr.Accordion(
+            "Compare with speculation off: the lossless check, or what a lossy acceptance rule changed", open=False
+        ):
             self.check_btn = gr.Button("Run the check", elem_id="lossless")
             self.verdict = gr.Markdown("", elem_id="verdict")
             with gr.Row():

@@ -1,13 +1,18 @@
 """The lossless check: speculative output against the same prompt with speculation off.
 
 Contract: ``compare(spec, plain, temperature)`` returns a ``Verdict`` with the
-first differing token (if any), a plain-language message, and the measured
-speedup of the speculative run over the plain one (tokens/s ratio);
+first differing token (if any), a plain-language message, the measured
+speedup of the speculative run over the plain one (tokens/s ratio) and, when a
+lossy acceptance rule kept drafts (``relaxed`` tokens), the comparison it calls
+for: the first relaxed token, the share of tokens that agree once the two texts
+are aligned (``difflib``'s longest matching blocks over token ids, over the longer
+text), and the acceptance with and without the relaxed drafts;
 ``verdict_markdown(verdict, spec, plain)`` is the line the page shows for it.
 """
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 from engine_adapter.records import RequestResult
@@ -19,6 +24,17 @@ class Verdict:
     first_difference: int | None  # token index, None when identical
     message: str
     speedup: float | None
+    agreement: float = 1.0  # tokens that agree once aligned, over the longer text
+    first_relaxed: int | None = None  # token index of the first relaxed token (a lossy rule), None if none
+    num_relaxed: int = 0
+
+
+def agreement(a: list[int], b: list[int]) -> float:
+    """Share of tokens in the longer text that the aligned texts share (1.0 = identical)."""
+    if not a and not b:
+        return 1.0
+    blocks = difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks()
+    return sum(m.size for m in blocks) / max(len(a), len(b))
 
 
 def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Verdict:
@@ -28,6 +44,17 @@ def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Ve
     if first is None and len(a) != len(b):
         first = n
     speedup = (spec.tokens_per_second / plain.tokens_per_second) if plain.tokens_per_second > 0 else None
+    first_relaxed = next((i for i, k in enumerate(spec.kinds) if k == "relaxed"), None)
+    if first_relaxed is not None:
+        return Verdict(
+            first is None,
+            first,
+            _lossy_message(spec, first, first_relaxed, agreement(a, b), temperature),
+            speedup,
+            agreement(a, b),
+            first_relaxed,
+            spec.num_relaxed,
+        )
     if first is None:
         msg = f"Identical: all {len(a)} tokens match, token for token."
     elif temperature > 0:
@@ -42,7 +69,22 @@ def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Ve
             "should match token for token; a difference usually means two candidate tokens had "
             "(nearly) equal scores and different batch shapes broke the tie."
         )
-    return Verdict(first is None, first, msg, speedup)
+    return Verdict(first is None, first, msg, speedup, agreement(a, b))
+
+
+def _lossy_message(spec: RequestResult, first: int | None, first_relaxed: int, agree: float, temp: float) -> str:
+    head = (
+        f"A lossy acceptance rule kept {spec.num_relaxed} draft(s) that vLLM's own rule rejected; "
+        f"the first is token {first_relaxed}. "
+    )
+    if first is None:
+        return head + "The texts are still identical: each relaxed draft happened to be the target's choice later."
+    where = (
+        "exactly at the first relaxed token: the target would have written another token there"
+        if first == first_relaxed
+        else f"at token {first}" + (" (the random samples differ too, at this temperature)" if temp > 0 else "")
+    )
+    return head + f"The texts part {where}; {agree:.0%} of the tokens agree once the texts are aligned."
 
 
 def verdict_markdown(verdict: Verdict, spec: RequestResult, plain: RequestResult) -> str:
@@ -53,4 +95,12 @@ def verdict_markdown(verdict: Verdict, spec: RequestResult, plain: RequestResult
         if verdict.speedup
         else ""
     )
-    return f"**{'✓' if verdict.identical else '≠'} {verdict.message}**{speed}"
+    lossy = ""
+    m = spec.spec_decode_metrics
+    if verdict.num_relaxed and m and m.get("num_draft_tokens"):
+        drafted, accepted = m["num_draft_tokens"], m["num_accepted_draft_tokens"]
+        lossy = (
+            f" Acceptance: {accepted / drafted:.3f} with the relaxed drafts (vLLM's count), "
+            f"{(accepted - verdict.num_relaxed) / drafted:.3f} without them, in this run."
+        )
+    return f"**{'✓' if verdict.identical else '≠'} {verdict.message}**{speed}{lossy}"

@@ -51,6 +51,13 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
         f"- num_spec_steps **{m['num_spec_steps']}** verify steps · drafted **{m['num_draft_tokens']}** · "
         f"accepted **{m['num_accepted_draft_tokens']}** · num_spec_tokens (K) **{k}**{_k_in_force(result, k)}.",
     ]
+    if result.num_relaxed:
+        kept = m["num_accepted_draft_tokens"] - result.num_relaxed
+        lines.append(
+            f"- ⚠ **of the {m['num_accepted_draft_tokens']} accepted, {result.num_relaxed} were relaxed-only**: kept "
+            f"by the lossy acceptance rule, rejected by vLLM's own; without them {kept} of {m['num_draft_tokens']} "
+            f"drafts ({kept / max(m['num_draft_tokens'], 1):.3f}) were kept. vLLM's numbers above count them."
+        )
     lines += _drafter_holes(result.steps)
     return "\n\n".join(lines[:1]) + "\n\n" + "\n".join(lines[1:])
 

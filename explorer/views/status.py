@@ -8,6 +8,8 @@ its records, nothing else:
   recorded config, position and length in m:ss, speed);
 - ``policy_status_markdown(view)``: the K policy in force, the cost model,
   profiling progress, for a ``PolicyView``;
+- ``acceptance_banner_markdown(status)``: the banner every page shows while a lossy
+  acceptance rule is in force ("" under vLLM's lossless rule);
 - ``load_readout_markdown(backend, session)``: one session's background load
   against everyone's (requests in flight, tokens per second) and the requests
   running in the engine.
@@ -32,6 +34,8 @@ def status_markdown(backend: Backend) -> str:
         return replay_status_markdown(info)
     st = backend.status()
     what = _config_text(st, backend.policy_view() if st.state == "ready" else None)
+    if st.acceptance.lossy:
+        what += f", acceptance **{st.acceptance.describe()}**"
     if st.state == "ready":
         # the watchdog brought it back (engine_adapter/service/watchdog.py)
         return f"● **Engine ready** ({what}) at `{st.url}`." + (
@@ -44,6 +48,16 @@ def status_markdown(backend: Backend) -> str:
     if st.state == "failed":
         return f"✕ **Engine {'down' if st.fault else 'failed to start'}:** {st.error}"
     return f"○ Engine {st.state}."
+
+
+def acceptance_banner_markdown(st: ServiceStatus) -> str:
+    if not st.acceptance.lossy:
+        return ""
+    return (
+        f"## ⚠ Lossy acceptance rule in force: {st.acceptance.describe()}\n"
+        "Outputs are **not the target model's**: drafts its own rule would reject are kept (yellow, wavy "
+        "**relaxed** tokens). The rule is engine-wide: every visitor's requests run under it."
+    )
 
 
 def _config_text(st: ServiceStatus, policy: PolicyView | None) -> str:

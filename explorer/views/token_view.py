@@ -29,6 +29,7 @@ KIND_LABEL = MappingProxyType(
     {
         "prefill": "prefill (first token, computed by the target)",
         "accepted": "accepted draft",
+        "relaxed": "relaxed draft (kept only by the lossy acceptance rule; vLLM's own rule rejected it)",
         "recovered": "recovered (target's token at the first rejection)",
         "bonus": "bonus (target's extra token after all drafts were kept)",
         "plain": "plain decode (no draft this step)",
@@ -72,6 +73,12 @@ def _tip(tok: Token, step: Step, across: bool = False) -> str:
     if tok.draft_pos is not None:
         lines.append(f"draft position {tok.draft_pos} of {step.num_drafted}")
     lines.append(f"token id {tok.id} · text {tok.text!r}")
+    if tok.relaxed is not None:
+        r = tok.relaxed
+        lines.append(
+            f"the target would have written id {r.target_id} {r.target_text!r} (p={r.p_target:.3f}); "
+            f"this draft had p={r.p_draft:.3f}"
+        )
     if tok.kind == "recovered" and step.drafted is not None and step.accepted < len(step.drafted):
         lines.append(f"replaced draft id {step.drafted[step.accepted]}")
     if step.drafted is None and step.num_drafted:
