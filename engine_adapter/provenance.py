@@ -11,12 +11,15 @@ Contract:
   ``per_step_accepted``/``per_step_drafted`` when there is no tap (attach mode).
 - ``drafted_across_hole(steps)``: the steps whose drafts an idle draft model made across a
   hole in its KV cache (the tokens it skipped at K=0 steps, blank).
+- ``text_agreement(a, b)``: how much of two token sequences agrees once aligned (``difflib``'s
+  matching blocks over the longer one): how far a lossy rule's text drifted from the target's.
 
 No I/O and no engine here; the statistics are kept apart from the stream code.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Collection, Sequence
 
 from engine_adapter.records import SpecDecodeMetrics, Step, TokenKind
@@ -28,6 +31,14 @@ def drafted_across_hole(steps: Sequence[Step]) -> set[int]:
     had one (``drafter_idle``) that it did not catch up (``caught_up``). The engine lets a request
     do so only once its hole is longer than the catch-up budget and holds zeros."""
     return {s.index for prev, s in zip(steps, steps[1:]) if s.num_drafted and prev.drafter_idle and not prev.caught_up}
+
+
+def text_agreement(a: Sequence[int], b: Sequence[int]) -> float:
+    """Share of the longer sequence's tokens that the aligned sequences share (1.0 = identical)."""
+    if not a and not b:
+        return 1.0
+    blocks = difflib.SequenceMatcher(None, list(a), list(b), autojunk=False).get_matching_blocks()
+    return sum(m.size for m in blocks) / max(len(a), len(b))
 
 
 def kinds_for_step(

@@ -4,6 +4,7 @@
         --policies off,k1,k3,k5,table,auto,auction --prompts FILE --max-tokens N \\
         --out sweep.csv [--method draft] [--table JSON] [--k-max 5] [--by-category] [--reserved-cpus N]
         [--window-s 20 | --window-s 0] [--repeats N] [--steps-out STEPS.jsonl]
+        [--acceptance lossless,relaxed,typical [--top-k N --delta D --epsilon E --alpha A]]
 
 Policies: ``off`` (an engine started with speculation off), ``kN`` (fixed
 K=N), ``table`` (vLLM's ``num_speculative_tokens_per_batch_size``, from
@@ -28,6 +29,14 @@ lands. The tap gives server-wide step counts (inside the window).
 With --repeats N every policy runs N times per level, in rounds that each start
 one policy later; the CSV gives the median run's tokens/s (and the min and max)
 and pools the step counts of all runs.
+
+With --acceptance (a list of rules, ``engine_adapter/acceptance_rule.py``) every live policy
+runs under each rule (``off`` once), lossless first added if missing; the CSV then adds
+acceptance (the rule), acceptance_rule (with its parameters), agreement (mean token agreement
+with the lossless text of the same prompt at the level, once aligned), answers_compared and
+answers_changed (math: the last number; qa: the first sentence; ``measure/lossy_quality.py``)
+and relaxed_share (accepted drafts only the lossy rule kept). draft_acceptance_rate counts
+relaxed drafts as accepted, as vLLM does; acceptance_per_position does too.
 
 FILE is JSONL with a "prompt" per line and optionally a "category";
 --by-category measures each category on its own and adds a ``category`` column.
@@ -54,6 +63,7 @@ import json
 import sys
 from pathlib import Path
 
+from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.measure.policy_sweep import SweepSettings, sweep
 
@@ -97,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write every measured step of every run here (JSONL), to see where time went",
     )
+    rule = AcceptanceRule()
+    p.add_argument("--acceptance", default="lossless", help=f"acceptance rules, from {','.join(RULE_NAMES)}")
+    p.add_argument("--top-k", type=int, default=rule.top_k, help=f"relaxed: top-k candidates (default {rule.top_k})")
+    p.add_argument("--delta", type=float, default=rule.delta, help=f"relaxed: probability gap (default {rule.delta})")
+    p.add_argument("--epsilon", type=float, default=rule.epsilon, help=f"typical: epsilon (default {rule.epsilon})")
+    p.add_argument("--alpha", type=float, default=rule.alpha, help=f"typical: alpha (default {rule.alpha})")
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)
@@ -115,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.window_s < 0:
         print("error: --window-s must be 0 (one wave) or a number of seconds", file=sys.stderr)
         return 2
+    params = {n: getattr(args, n) for n in ("top_k", "delta", "epsilon", "alpha")}
+    for n in params:
+        delattr(args, n)
     try:
+        args.acceptance = [AcceptanceRule.from_dict({"name": name, **params}) for name in args.acceptance.split(",")]
         df = asyncio.run(sweep(SweepSettings(**vars(args))))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import pandas as pd
 
 from engine_adapter.acceptance import PositionCounts
+from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, validate_k_table
+from engine_adapter.measure.lossy_quality import LOSSY_COLUMNS, quality_columns
 from engine_adapter.measure.sweep_runs import (
     COLUMNS,
     EXTRA_COLUMNS,
@@ -61,6 +63,9 @@ class SweepSettings:
     draft: str
     kv_cache_gib: int
     reserved_cpus: int | None = None  # cores vLLM keeps free of its worker (None: vLLM's default, 1)
+    # acceptance rules, each run for every live policy (``off`` runs once, lossless); a lossy one
+    # adds the LOSSY_COLUMNS, its texts compared with the lossless texts of the same prompts
+    acceptance: list[AcceptanceRule] = field(default_factory=lambda: [LOSSLESS])
 
 
 def read_categories(path: Path) -> dict[str, list[str]]:
@@ -83,6 +88,12 @@ class _LivePolicies:
     engine: LiveEngine
     controller: PolicyController
     counts: PositionCounts
+    rule: AcceptanceRule = LOSSLESS
+
+    async def set_rule(self, rule: AcceptanceRule) -> None:
+        if rule != self.rule:
+            await self.engine.client.set_acceptance(rule)
+            self.rule = rule
 
 
 async def _start_live(
@@ -143,36 +154,42 @@ async def _measure_level(
     prompts: list[str],
     steps_out: TextIO | None,
 ) -> dict[str, list[Run]]:
-    """Every policy's runs at concurrency ``c`` on one prompt category, interleaved in rounds."""
+    """Every (policy, acceptance rule)'s runs at concurrency ``c`` on one prompt category, interleaved
+    in rounds; keyed by (policy name, rule name)."""
     # --window-s 0: one wave of C (more would leave a tail at a lower batch size);
     # with few requests the prompt mix differs by level, which moves pooled acceptance
     batch = [prompts[i % len(prompts)] for i in range(max(c, settings.min_requests))]
-    runs: dict[str, list[Run]] = {p.name: [] for p in policies}
+    variants = [(p, r) for p in policies for r in settings.acceptance if p.spec is not None or not r.lossy]
+    runs: dict[tuple[str, str], list[Run]] = {(p.name, r.name): [] for p, r in variants}
     for rnd in range(settings.repeats):
-        # each round starts one policy later, so none always runs first
-        for pol in policies[rnd % len(policies) :] + policies[: rnd % len(policies)]:
+        # each round starts one variant later, so none always runs first
+        for pol, rule in variants[rnd % len(variants) :] + variants[: rnd % len(variants)]:
             if pol.spec is None:
                 engine = engines["off"]
             else:
                 engine = live.engine
                 await live.controller.apply(pol.spec, live.counts.alphas())
+                await live.set_rule(rule)
             if settings.window_s:
                 run = await run_policy_window(engine, prompts, c, settings.max_tokens, settings.window_s)
             else:
                 run = await run_policy(engine, batch, c, settings.max_tokens)
             if pol.spec is not None:
-                live.counts.add(run.steps)
-            runs[pol.name].append(run)
+                live.counts.add(run.steps)  # lossless verdicts only, whatever the rule (EngineStep)
+            if wrong := {s.rule for s in run.steps if s.num_drafted} - {rule.name}:
+                _say(f"   warning: steps verified under {sorted(wrong)} in a {rule.name} run")
+            runs[(pol.name, rule.name)].append(run)
             if steps_out is not None:
-                _write_steps(steps_out, run, {"policy": pol.name, "concurrency": c, "category": cat, "run": rnd + 1})
+                labels = {"policy": pol.name, "acceptance": rule.name, "concurrency": c, "category": cat}
+                _write_steps(steps_out, run, {**labels, "run": rnd + 1})
             rate = run.measured["tokens_per_s"]
-            _say(f"   c={c} {cat} {pol.name} run {rnd + 1}/{settings.repeats}: {rate:.2f} tok/s")
+            _say(f"   c={c} {cat} {pol.name} {rule.name} run {rnd + 1}/{settings.repeats}: {rate:.2f} tok/s")
     return runs
 
 
-def _frame(rows: list[dict[str, Any]], policies: list[Policy], by_category: bool) -> pd.DataFrame:
+def _frame(rows: list[dict[str, Any]], policies: list[Policy], by_category: bool, lossy: bool) -> pd.DataFrame:
     """The CSV's table: policies in the order asked, then by concurrency (per category)."""
-    cols = COLUMNS + (["category"] if by_category else []) + EXTRA_COLUMNS
+    cols = COLUMNS + (["category"] if by_category else []) + EXTRA_COLUMNS + (LOSSY_COLUMNS if lossy else [])
     order = {p.name: i for i, p in enumerate(policies)}
     df = pd.DataFrame(rows, columns=cols)
     keys = ["category"] if by_category else []
@@ -180,10 +197,24 @@ def _frame(rows: list[dict[str, Any]], policies: list[Policy], by_category: bool
     return df.sort_values(keys + ["_p", "concurrency"], kind="stable").drop(columns="_p").reset_index(drop=True)
 
 
+def _reference(runs: dict[tuple[str, str], list[Run]]) -> dict[str, tuple[list[int], str]]:
+    """Each prompt's lossless text at the level (greedy: every lossless run writes the same one)."""
+    ref: dict[str, tuple[list[int], str]] = {}
+    for (_, rule), rs in runs.items():
+        if rule == LOSSLESS.name:
+            for r in (x for run in rs for x in run.results):
+                ref.setdefault(r.prompt, (r.token_ids, r.text))
+    return ref
+
+
 async def sweep(settings: SweepSettings) -> pd.DataFrame:
     table = validate_k_table(settings.table) if settings.table else None
     policies = [parse_policy(p, table) for p in settings.policies]
+    lossy = any(r.lossy for r in settings.acceptance)
+    if lossy and LOSSLESS not in settings.acceptance:  # the texts a lossy rule is compared with
+        settings.acceptance = [LOSSLESS, *settings.acceptance]
     by_cat = read_categories(settings.prompts) if settings.by_category else {"all": read_prompts(settings.prompts)}
+    categories = {p: cat for cat, ps in read_categories(settings.prompts).items() for p in ps}
     all_prompts = [p for ps in by_cat.values() for p in ps]
     base = dict(
         target=settings.target,
@@ -209,16 +240,21 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
         for c in settings.concurrency:
             for cat, prompts in by_cat.items():
                 runs = await _measure_level(settings, policies, engines, live, c, cat, prompts, steps_out)
-                for pol in policies:
-                    row = {"policy": pol.name, "concurrency": c, **row_from_runs(runs[pol.name])}
+                reference = _reference(runs)
+                rules = {r.name: r for r in settings.acceptance}
+                for (name, rule), rs in runs.items():
+                    row = {"policy": name, "concurrency": c, **row_from_runs(rs)}
                     if settings.by_category:
                         row["category"] = cat
+                    if lossy:
+                        quality = quality_columns([x for run in rs for x in run.results], reference, categories)
+                        row |= {"acceptance": rule, "acceptance_rule": rules[rule].describe(), **quality}
                     median, k_eff = row["total_tokens_per_s"], row["effective_k"]
-                    _say(f"   c={c} {cat} {pol.name}: median {median:.2f} tok/s, effective K {k_eff}")
+                    _say(f"   c={c} {cat} {name} {rule}: median {median:.2f} tok/s, effective K {k_eff}")
                     rows.append(row)
     finally:
         for e in engines.values():
             await e.close()
         if steps_out is not None:
             steps_out.close()
-    return _frame(rows, policies, settings.by_category)
+    return _frame(rows, policies, settings.by_category, lossy)

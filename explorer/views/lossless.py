@@ -5,16 +5,15 @@ first differing token (if any), a plain-language message, the measured
 speedup of the speculative run over the plain one (tokens/s ratio) and, when a
 lossy acceptance rule kept drafts (``relaxed`` tokens), the comparison it calls
 for: the first relaxed token, the share of tokens that agree once the two texts
-are aligned (``difflib``'s longest matching blocks over token ids, over the longer
-text), and the acceptance with and without the relaxed drafts;
+are aligned (``provenance.text_agreement``), and the acceptance with and without the relaxed drafts;
 ``verdict_markdown(verdict, spec, plain)`` is the line the page shows for it.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 
+from engine_adapter.provenance import text_agreement
 from engine_adapter.records import RequestResult
 
 
@@ -29,14 +28,6 @@ class Verdict:
     num_relaxed: int = 0
 
 
-def agreement(a: list[int], b: list[int]) -> float:
-    """Share of tokens in the longer text that the aligned texts share (1.0 = identical)."""
-    if not a and not b:
-        return 1.0
-    blocks = difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks()
-    return sum(m.size for m in blocks) / max(len(a), len(b))
-
-
 def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Verdict:
     a, b = spec.token_ids, plain.token_ids
     n = min(len(a), len(b))
@@ -49,9 +40,9 @@ def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Ve
         return Verdict(
             first is None,
             first,
-            _lossy_message(spec, first, first_relaxed, agreement(a, b), temperature),
+            _lossy_message(spec, first, first_relaxed, text_agreement(a, b), temperature),
             speedup,
-            agreement(a, b),
+            text_agreement(a, b),
             first_relaxed,
             spec.num_relaxed,
         )
@@ -69,7 +60,7 @@ def compare(spec: RequestResult, plain: RequestResult, temperature: float) -> Ve
             "should match token for token; a difference usually means two candidate tokens had "
             "(nearly) equal scores and different batch shapes broke the tie."
         )
-    return Verdict(first is None, first, msg, speedup, agreement(a, b))
+    return Verdict(first is None, first, msg, speedup, text_agreement(a, b))
 
 
 def _lossy_message(spec: RequestResult, first: int | None, first_relaxed: int, agree: float, temp: float) -> str:

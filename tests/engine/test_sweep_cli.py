@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from engine_adapter.measure.lossy_quality import LOSSY_COLUMNS
 from engine_adapter.measure.sweep_runs import COLUMNS, EXTRA_COLUMNS
 from engine_adapter.package_data import PROJECT_ROOT
 
@@ -129,3 +130,28 @@ def test_by_category_adds_the_column(tiny, tmp_path):
             float(r["total_tokens_per_s_min"]) <= float(r["total_tokens_per_s"]) <= float(r["total_tokens_per_s_max"])
         )
     assert "run 2/2" in done.stderr
+
+
+def test_acceptance_rules_add_the_lossy_columns(tiny, tmp_path):
+    """Each live policy under each rule (lossless added first), the relaxed texts compared with the lossless."""
+    prompts = tmp_path / "p.jsonl"
+    lines = [("What is 12 + 30?", "math"), ("What is the capital of France?", "qa"), ("def add(a, b):", "code")]
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in lines))
+    out = tmp_path / "sweep.csv"
+    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "off,k3"]
+    cmd += ["--acceptance", "relaxed", "--top-k", "20", "--delta", "0.5", "--prompts", str(prompts)]
+    cmd += ["--max-tokens", "24", "--min-requests", "3", "--window-s", "0", "--out", str(out)]
+    cmd += ["--target", str(tiny.target), "--draft", str(tiny.perturbed), "--kv-cache-gib", "1"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0].keys()) == COLUMNS + EXTRA_COLUMNS + LOSSY_COLUMNS
+    by = {(r["policy"], r["acceptance"]): r for r in rows}
+    assert set(by) == {("off", "lossless"), ("k3", "lossless"), ("k3", "relaxed")}  # off runs lossless only
+    lossless, relaxed = by[("k3", "lossless")], by[("k3", "relaxed")]
+    assert float(lossless["agreement"]) == 1.0 and lossless["answers_changed"] == "0"
+    assert lossless["answers_compared"] == relaxed["answers_compared"] == "2"  # the math and qa prompts
+    assert float(lossless["relaxed_share"]) == 0 < float(relaxed["relaxed_share"])
+    assert float(relaxed["draft_acceptance_rate"]) > float(lossless["draft_acceptance_rate"])
+    assert float(relaxed["agreement"]) < 1.0 and relaxed["acceptance_rule"] == "relaxed (top_k=20, delta=0.5)"
+    assert "warning" not in done.stderr  # every step of a run was verified under its own rule
