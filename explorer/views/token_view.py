@@ -76,7 +76,7 @@ def _tip(tok: Token, step: Step, across: bool = False) -> str:
     if tok.relaxed is not None:
         r = tok.relaxed
         lines.append(
-            f"the target would have written id {r.target_id} {r.target_text!r} (p={r.p_target:.3f}); "
+            f"the target's own top choice: id {r.target_id} {r.target_text!r} (p={r.p_target:.3f}); "
             f"this draft had p={r.p_draft:.3f}"
         )
     if tok.kind == "recovered" and step.drafted is not None and step.accepted < len(step.drafted):

@@ -63,7 +63,7 @@ def test_a_relaxed_rule_from_the_page_colours_its_tokens_and_flags_every_page(br
     assert relaxed.count() > 0, pg.locator("#token-view").inner_text()[:500]
     assert pg.locator("#token-view .tv-legend .k-relaxed").count() == 1
     tip = relaxed.first.get_attribute("data-tip")
-    assert "the target would have written id" in tip and "this draft had p=" in tip, tip
+    assert "the target's own top choice: id" in tip and "this draft had p=" in tip, tip
     relaxed.first.scroll_into_view_if_needed()
     relaxed.first.hover()
     pg.screenshot(path=str(SHOTS / "lossy-1-relaxed-tokens.png"), full_page=True)
