@@ -35,8 +35,10 @@ runs under each rule (``off`` once), lossless first added if missing; the CSV th
 acceptance (the rule), acceptance_rule (with its parameters), agreement (mean token agreement
 with the lossless text of the same prompt at the level, once aligned), answers_compared and
 answers_changed (math: the last number; qa: the first sentence; ``measure/lossy_quality.py``)
-and relaxed_share (accepted drafts only the lossy rule kept). draft_acceptance_rate counts
-relaxed drafts as accepted, as vLLM does; acceptance_per_position does too.
+and relaxed_share (accepted drafts only the lossy rule kept). The lossless texts are the
+``off`` engine's when the sweep runs it (the target's own text), else the first lossless
+run's. draft_acceptance_rate counts relaxed drafts as accepted, as vLLM does;
+acceptance_per_position does too.
 
 FILE is JSONL with a "prompt" per line and optionally a "category";
 --by-category measures each category on its own and adds a ``category`` column.

@@ -198,12 +198,14 @@ def _frame(rows: list[dict[str, Any]], policies: list[Policy], by_category: bool
 
 
 def _reference(runs: dict[tuple[str, str], list[Run]]) -> dict[str, tuple[list[int], str]]:
-    """Each prompt's lossless text at the level (greedy: every lossless run writes the same one)."""
+    """Each prompt's lossless text at the level: the speculation-off engine's (the target's own
+    text) when the sweep runs ``off``, else the first lossless run's (greedy: lossless runs write
+    the same text, but for ties the batch shapes of a verify step can break otherwise)."""
     ref: dict[str, tuple[list[int], str]] = {}
-    for (_, rule), rs in runs.items():
-        if rule == LOSSLESS.name:
-            for r in (x for run in rs for x in run.results):
-                ref.setdefault(r.prompt, (r.token_ids, r.text))
+    lossless = sorted((key for key in runs if key[1] == LOSSLESS.name), key=lambda key: key[0] != "off")
+    for key in lossless:
+        for r in (x for run in runs[key] for x in run.results):
+            ref.setdefault(r.prompt, (r.token_ids, r.text))
     return ref
 
 
