@@ -57,6 +57,9 @@ def read_sweep(path: str | Path) -> pd.DataFrame:
         raise ValueError(f"{Path(path).name} is not a sweep CSV: missing column(s) {', '.join(missing)}")
     if df.empty:
         raise ValueError(f"{Path(path).name} has no rows")
+    if "acceptance" in df.columns:  # a sweep of acceptance rules: each (policy, lossy rule) is a line of its own
+        lossy = df["acceptance"].fillna("lossless") != "lossless"
+        df.loc[lossy, "policy"] = df.loc[lossy, "policy"] + " " + df.loc[lossy, "acceptance"]
     return df
 
 
