@@ -32,6 +32,7 @@ def test_twenty_users_for_two_minutes_leave_nothing_behind(tiny):
         *tiny_app_args(tiny.target, tiny.perturbed, "--k", "3"),
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert done.stdout.strip(), f"soak.py printed no report (exit {done.returncode}): {done.stderr[-3000:]}"
     report = json.loads(done.stdout.strip().splitlines()[-1])
     print(report)
     assert report["served"] > 20, report
