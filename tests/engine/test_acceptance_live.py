@@ -9,7 +9,7 @@ import pytest_asyncio
 
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.live_engine import LiveEngine
-from tests.support.engine_checks import PROMPTS, check_invariants, run
+from tests.support.engine_checks import PROMPTS, applied, check_invariants, run
 from tests.support.fixtures import tiny_config
 
 MAX_TOKENS = 48
@@ -28,17 +28,7 @@ async def live_engine(tiny):
 async def under(engine, rule: AcceptanceRule) -> None:
     """Set the rule and return once a step acknowledged it (a short request makes the steps)."""
     await engine.client.set_acceptance(rule)
-    sent = engine.client.controls_sent
-    q = engine.client.tap.watch()
-    try:
-        for _ in range(3):
-            await run(engine, PROMPTS[0], max_tokens=4)
-            while not q.empty():
-                if q.get_nowait().controls >= sent:
-                    return
-    finally:
-        engine.client.tap.unwatch(q)
-    raise AssertionError("no step acknowledged the acceptance rule")
+    await applied(engine)
 
 
 def acceptance(results) -> float:

@@ -14,7 +14,7 @@ from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import RECENT_PEAK_S
 from engine_adapter.service.load import BackgroundLoad
 from engine_adapter.vllm_plugin.wire import DEFAULT_CATCH_UP_TOKENS
-from tests.support.engine_checks import PROMPTS, check_invariants, run
+from tests.support.engine_checks import PROMPTS, applied, check_invariants, run
 from tests.support.fixtures import tiny_config
 
 
@@ -37,21 +37,6 @@ async def steps_after(engine, n: int, timeout_s: float = 30.0):
     finally:
         engine.client.tap.unwatch(q)
     return out
-
-
-async def applied(engine, attempts: int = 3) -> None:
-    """Return once an engine step acknowledged every control sent (short requests make the steps)."""
-    sent = engine.client.controls_sent
-    for _ in range(attempts):
-        q = engine.client.tap.watch()
-        try:
-            await run(engine, PROMPTS[0], max_tokens=4)
-            while not q.empty():
-                if q.get_nowait().controls >= sent:
-                    return
-        finally:
-            engine.client.tap.unwatch(q)
-    raise AssertionError(f"no step acknowledged control {sent} in {attempts} requests")
 
 
 @pytest.mark.parametrize(

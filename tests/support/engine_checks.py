@@ -55,3 +55,18 @@ def check_invariants(r: RequestResult, recovered_differs: bool = True) -> None:
     if r.spec_decode_metrics is not None:
         # per-step accepted/drafted (and everything derived) equal vLLM's own
         assert r.tap_metrics.to_dict() == r.spec_decode_metrics
+
+
+async def applied(engine, attempts: int = 3) -> None:
+    """Return once an engine step acknowledged every control sent (short requests make the steps)."""
+    sent = engine.client.controls_sent
+    for _ in range(attempts):
+        q = engine.client.tap.watch()
+        try:
+            await run(engine, PROMPTS[0], max_tokens=4)
+            while not q.empty():
+                if q.get_nowait().controls >= sent:
+                    return
+        finally:
+            engine.client.tap.unwatch(q)
+    raise AssertionError(f"no step acknowledged control {sent} in {attempts} requests")
