@@ -29,6 +29,7 @@ A token with a non-finite target logit (a grammar mask, a banned word) is never 
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -96,3 +97,21 @@ def _number(key: str, value: Any) -> int | float:
 
 
 LOSSLESS = AcceptanceRule()
+PARAMETERS = ("top_k", "delta", "epsilon", "alpha")  # every rule's parameters, as the CLIs name them
+
+
+def add_parameter_arguments(parser: argparse.ArgumentParser) -> None:
+    """The rules' parameters as command-line flags (``--top-k``, ``--delta``, ``--epsilon``, ``--alpha``)."""
+    flags = [
+        ("--top-k", int, LOSSLESS.top_k, "relaxed: top-k candidates"),
+        ("--delta", float, LOSSLESS.delta, "relaxed: probability gap"),
+        ("--epsilon", float, LOSSLESS.epsilon, "typical: epsilon"),
+        ("--alpha", float, LOSSLESS.alpha, "typical: alpha"),
+    ]
+    for flag, kind, default, what in flags:
+        parser.add_argument(flag, type=kind, default=default, help=f"{what} (default {default})")
+
+
+def pop_parameters(args: dict[str, Any]) -> dict[str, Any]:
+    """The parameters ``add_parameter_arguments`` parsed, taken out of ``vars(namespace)``."""
+    return {name: args.pop(name) for name in PARAMETERS}

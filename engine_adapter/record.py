@@ -21,7 +21,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule
+from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule, add_parameter_arguments, pop_parameters
 from engine_adapter.engine.launcher import EngineStartError
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.measure.recording import RecordSettings, record
@@ -53,7 +53,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--kv-cache-gib", type=int, default=2)
     p.add_argument("--attach", default=None, help="record from a running vLLM server at this URL")
-    rule = AcceptanceRule()
     p.add_argument(
         "--acceptance",
         choices=list(RULE_NAMES),
@@ -61,18 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="the acceptance rule (default lossless: vLLM's rejection sampler; the others are lossy, "
         "engine_adapter/acceptance_rule.py)",
     )
-    p.add_argument("--top-k", type=int, default=rule.top_k, help=f"relaxed: top-k candidates (default {rule.top_k})")
-    p.add_argument("--delta", type=float, default=rule.delta, help=f"relaxed: probability gap (default {rule.delta})")
-    p.add_argument("--epsilon", type=float, default=rule.epsilon, help=f"typical: epsilon (default {rule.epsilon})")
-    p.add_argument("--alpha", type=float, default=rule.alpha, help=f"typical: alpha (default {rule.alpha})")
+    add_parameter_arguments(p)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     try:
-        names = ("acceptance", "top_k", "delta", "epsilon", "alpha")
-        rule = AcceptanceRule.from_dict({"name" if n == "acceptance" else n: args.pop(n) for n in names})
+        params = pop_parameters(args)
+        rule = AcceptanceRule.from_dict({"name": args.pop("acceptance"), **params})
         summary = asyncio.run(record(RecordSettings(**args, acceptance=rule)))
     except (ValueError, EngineStartError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -65,7 +65,7 @@ import json
 import sys
 from pathlib import Path
 
-from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule
+from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule, add_parameter_arguments, pop_parameters
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
 from engine_adapter.measure.policy_sweep import SweepSettings, sweep
 
@@ -109,12 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="write every measured step of every run here (JSONL), to see where time went",
     )
-    rule = AcceptanceRule()
     p.add_argument("--acceptance", default="lossless", help=f"acceptance rules, from {','.join(RULE_NAMES)}")
-    p.add_argument("--top-k", type=int, default=rule.top_k, help=f"relaxed: top-k candidates (default {rule.top_k})")
-    p.add_argument("--delta", type=float, default=rule.delta, help=f"relaxed: probability gap (default {rule.delta})")
-    p.add_argument("--epsilon", type=float, default=rule.epsilon, help=f"typical: epsilon (default {rule.epsilon})")
-    p.add_argument("--alpha", type=float, default=rule.alpha, help=f"typical: alpha (default {rule.alpha})")
+    add_parameter_arguments(p)
     p.add_argument("--target", default=DEFAULT_TARGET)
     p.add_argument("--draft", default=DEFAULT_DRAFT)
     p.add_argument("--kv-cache-gib", type=int, default=2)
@@ -133,9 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.window_s < 0:
         print("error: --window-s must be 0 (one wave) or a number of seconds", file=sys.stderr)
         return 2
-    params = {n: getattr(args, n) for n in ("top_k", "delta", "epsilon", "alpha")}
-    for n in params:
-        delattr(args, n)
+    params = pop_parameters(vars(args))
     try:
         args.acceptance = [AcceptanceRule.from_dict({"name": name, **params}) for name in args.acceptance.split(",")]
         df = asyncio.run(sweep(SweepSettings(**vars(args))))
