@@ -46,8 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reserved-cpus",
         type=int,
         default=1,
-        help="cores vLLM keeps free of its worker (VLLM_CPU_NUM_OF_RESERVED_CPU; default 1, vLLM's own: with a "
-        "page open on 2 CPU cores the worker on one core decoded faster than on both, whose two compute threads "
+        help="on a CPU, cores vLLM keeps free of its worker (VLLM_CPU_NUM_OF_RESERVED_CPU; default 1, vLLM's own: "
+        "with a page open on 2 CPU cores the worker on one core decoded faster than on both, whose two compute threads "
         "wait on each other whenever the page takes a core; 0 is faster with no page open; docs/benchmarks.md)",
     )
     p.add_argument(
@@ -58,10 +58,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "app's): on a machine the page shares with the engine, the page's work comes first (measured: lower "
         "step-to-screen latency and more tokens/s with a page open, docs/benchmarks.md)",
     )
-    p.add_argument(
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument(
         "--compile",
+        dest="eager",
+        action="store_false",
+        default=None,
+        help="let vLLM compile the model (torch.compile, and CUDA graphs on a GPU; slower start) even on a CPU, "
+        "where eager mode is the default",
+    )
+    mode.add_argument(
+        "--eager",
+        dest="eager",
         action="store_true",
-        help="let vLLM compile the model (torch.compile; slower start) instead of eager mode",
+        default=None,
+        help="run the model eagerly even on a GPU, where compiling with CUDA graphs is the default "
+        "(neither flag: eager on a CPU, CUDA graphs on a GPU)",
     )
     p.add_argument(
         "--standing-drafter",
@@ -77,7 +89,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="auto = bfloat16 on CPUs that compute in it natively (AVX-512 BF16, AMX), else float32",
     )
     p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--kv-cache-gib", type=int, default=2)
+    p.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=2,
+        help="the KV cache's size in GiB, on a CPU (host memory) or a GPU (GPU memory; default 2)",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=64, help="requests the engine runs at once, at most (64)")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="tokens one engine step schedules, at most, prefill chunks included (default: 2048 on a CPU, "
+        "vLLM's own there; 8192 on a GPU)",
+    )
     p.add_argument("--attach", default=None, help="use a running vLLM server at this URL")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory for --attach")
     p.add_argument(
@@ -121,11 +146,13 @@ def main(argv: list[str] | None = None) -> None:
             draft=args.draft,
             dtype=args.dtype,
             max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
             kv_cache_gib=args.kv_cache_gib,
             idle_drafter=not args.standing_drafter,
             reserved_cpus=args.reserved_cpus,
             nice=args.engine_nice,
-            enforce_eager=not args.compile,
+            enforce_eager=args.eager,  # None: the platform's default (eager on a CPU, CUDA graphs on a GPU)
         )
         if args.k_max > 0 and args.method != "off":
             config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))

@@ -3,7 +3,10 @@
 Contract: ``EngineConfig`` is a plain dataclass (the argument list for vLLM's
 server is ``engine.server_args``); ``validate_k_table`` applies vLLM's own rules for
 ``num_speculative_tokens_per_batch_size`` and raises ``ValueError`` with a
-message a person can act on.
+message a person can act on. Fields that default by platform (``enforce_eager``,
+``max_num_batched_tokens``) are ``None`` here and resolved against the engine's
+``engine.platform.Platform`` by ``engine.server_args`` (``eager``, ``batched_tokens``):
+this module knows no platform.
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ KTable = list[tuple[int, int, int]]
 DEFAULT_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 DEFAULT_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
 MAX_CATCH_UP_TOKENS = 4096  # the idle drafter's per-step catch-up budget, at most (tokens)
+# The chunked-prefill budget per step (tokens) when the config leaves it to the platform:
+# on CPU what vLLM 0.32's CPU build picks for the OpenAI server (``engine/arg_utils.py``,
+# ``get_batch_defaults``: 2048 x world size 1), so CPU engines run as they always did; on
+# CUDA vLLM's own server default for H100/H200-class GPUs, well past a GPU's knee.
+CPU_MAX_NUM_BATCHED_TOKENS = 2048
+CUDA_MAX_NUM_BATCHED_TOKENS = 8192
 
 
 # CPU features that compute in bfloat16 natively; without them (AVX2 only, e.g. the AMD EPYC
@@ -61,10 +70,12 @@ def _has_distribution(name: str) -> bool:
         return False
 
 
-def resolve_dtype(dtype: str) -> str:
-    """``auto``: on vLLM's CPU build, ``cpu_dtype`` of this CPU; elsewhere vLLM's own ``auto``
-    (the model's dtype). Any other value is passed through."""
-    if dtype != "auto" or not on_cpu_build():
+def resolve_dtype(dtype: str, on_cpu: bool | None = None) -> str:
+    """``auto``: on a CPU engine, ``cpu_dtype`` of this CPU; on a GPU vLLM's own ``auto`` (the
+    model's dtype). Any other value is passed through. ``on_cpu`` is the engine's platform
+    (``Platform.is_gpu``, negated); None = whether the installed vLLM is the CPU build."""
+    cpu = on_cpu_build() if on_cpu is None else on_cpu
+    if dtype != "auto" or not cpu:
         return dtype
     return cpu_dtype(cpu_flags())
 
@@ -88,8 +99,15 @@ class EngineConfig:
     dtype: str = "auto"  # resolve_dtype: bfloat16 on CPUs with native bf16, else float32
     max_model_len: int = 4096
     max_num_seqs: int = 64
-    kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE, whole GiB (vLLM parses an int)
-    enforce_eager: bool = True  # skip torch.compile: starts in seconds, not minutes
+    # the KV cache, whole GiB, on either platform: VLLM_CPU_KVCACHE_SPACE on CPU (vLLM parses an
+    # int), --kv-cache-memory-bytes on CUDA (never vLLM's share of the GPU's memory)
+    kv_cache_gib: int = 2
+    # eager mode (no torch.compile, no CUDA graphs); None = the platform's default
+    # (``Platform.eager``): eager on CPU (starts in seconds, not minutes), CUDA graphs on a GPU
+    enforce_eager: bool | None = None
+    # the most tokens one step schedules, prefill chunks included (chunked prefill is always on);
+    # None = the platform's (CPU_MAX_NUM_BATCHED_TOKENS, CUDA_MAX_NUM_BATCHED_TOKENS)
+    max_num_batched_tokens: int | None = None
     tap: bool = True  # load the scheduler tap
     ngram_min: int = 1
     ngram_max: int = 4
@@ -132,6 +150,38 @@ class EngineConfig:
             raise ValueError(f"catch_up_tokens must be between 0 and {MAX_CATCH_UP_TOKENS}; got {self.catch_up_tokens}")
         if not 0 <= self.nice <= 19:
             raise ValueError(f"nice must be between 0 (the caller's priority) and 19 (the lowest); got {self.nice}")
+        self._validate_sizes()
+
+    def _validate_sizes(self) -> None:
+        """The engine's size settings, in vLLM's terms (``config/scheduler.py``, ``config/cache.py``)."""
+        if not _is_int(self.max_num_seqs) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be a whole number of requests, at least 1; got {self.max_num_seqs!r}")
+        if not _is_int(self.kv_cache_gib) or self.kv_cache_gib < 1:
+            raise ValueError(f"kv_cache_gib must be a whole number of GiB, at least 1; got {self.kv_cache_gib!r}")
+        if self.enforce_eager is not None and not isinstance(self.enforce_eager, bool):
+            raise ValueError(
+                f"enforce_eager must be True (eager), False (compiled, CUDA graphs on a GPU) or None "
+                f"(the platform's default); got {self.enforce_eager!r}"
+            )
+        tokens = self.max_num_batched_tokens
+        if tokens is None:
+            return
+        if not _is_int(tokens) or tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens must be a whole number of tokens, at least max_num_seqs "
+                f"({self.max_num_seqs}: a step gives every running request a token); got {tokens!r}"
+            )
+        if tokens <= self.num_speculative_tokens:
+            raise ValueError(
+                f"max_num_batched_tokens ({tokens}) must be larger than num_speculative_tokens "
+                f"({self.num_speculative_tokens}): a step needs room for one token and its drafts"
+            )
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """vLLM's num_speculative_tokens: the most drafts a request gets in a step (k_max when
+        live policies can raise K, else k; 0 without speculation)."""
+        return 0 if self.method == "off" else (self.k_max or self.k)
 
     @property
     def drafter_idles(self) -> bool:
@@ -152,9 +202,16 @@ class EngineConfig:
 
     @property
     def async_scheduling(self) -> bool:
-        """vLLM's own default: async for no speculation and model drafters,
-        sync for the CPU-side drafters (ngram, suffix)."""
-        return self.method in ("off", "draft")
+        """The requested scheduling mode, vLLM's own default: async for no speculation and model
+        drafters, sync for the CPU-side drafters (ngram, suffix); sync with the idle drafter too,
+        whose catch-up reads the input batch's token ids, which async scheduling leaves as
+        placeholders until the step after (docs/catch-up-design.md, section 8: never run async).
+        The engine runs in ``Platform.async_scheduling`` of it (vLLM's CPU platform forces sync)."""
+        return self.method in ("off", "draft") and not self.drafter_idles
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def validate_k_table(table: Any) -> KTable:

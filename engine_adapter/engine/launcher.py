@@ -11,8 +11,15 @@ Contract:
   too small for the models is told so before anything is started.
 - ``stop()`` ends the whole process group (API server, engine core, worker).
   If the app dies, the supervisor sees its stdin pipe close and does the same.
-- The environment the engine needs on CPU (LD_PRELOAD of the bundled OpenMP,
-  the KV-cache size, offline hub) is set here, not by hand.
+- The platform (``engine.platform``: vLLM's CPU build, or its CUDA build on a GPU) is
+  ``EngineProcess(platform=...)``, detected once at construction when not given, and
+  handed explicitly to the resource check, ``server_args`` and ``engine_env``.
+- The environment the engine needs (``engine_env``) is set here, not by hand: on CPU
+  LD_PRELOAD of the bundled OpenMP, the KV-cache size and the reserved cores; on CUDA
+  none of those (the KV cache is an argument there); on both the offline hub and, while
+  our plugin is loaded, Model Runner V1 (the plugin wraps V1's ``drafter``).
+- A failed start is explained in words (``explain_failure``), CUDA's failures included,
+  with what to change.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from pathlib import Path
 
 import httpx
 
+from engine_adapter.engine.platform import Platform, detect_platform
 from engine_adapter.engine.resources import NotEnoughResources, check_resources
 from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine.supervise import group_members
@@ -52,20 +60,64 @@ class StartProgress:
 
 ProgressFn = Callable[[StartProgress], None]
 
-# log line fragment -> (stage, fraction, message); vLLM's own log, in order
-_MILESTONES = [
+# log line fragment -> (stage, fraction, message); vLLM's own log, in the order it logs them.
+# A start reports each one it finds, in this order, and skips those its platform never logs
+# (``_wait_ready``): "Warming up model" is the CPU runner's, the CUDA graphs the GPU runner's
+# (``v1/worker/gpu_model_runner.py``: a progress bar "Capturing CUDA graphs (decode, FULL)",
+# then "Graph capturing finished in N secs"), both after the KV cache is allocated and before
+# the engine core's "init engine (profile, create kv cache, warmup model) took".
+_MILESTONES = (
     ("Initializing a V1 LLM engine", "engine", 0.35, "engine core starting"),
     ("Loading weights took", "weights", 0.55, "weights loaded"),
     ("Loading drafter model", "draft", 0.6, "loading the draft model"),
     ("Warming up model", "warmup", 0.7, "warming up"),
+    ("Capturing CUDA graphs", "graphs", 0.72, "capturing CUDA graphs"),
+    ("Graph capturing finished", "graphs", 0.82, "CUDA graphs captured"),
     ("init engine", "kv", 0.85, "KV cache ready"),
     ("Starting vLLM server", "http", 0.9, "HTTP server starting"),
     ("Application startup complete", "ready", 0.95, "server up"),
-]
+)
 
-# log fragment -> explanation; checked in order against the log of a failed start
-_FAILURES = [
+# What a GPU user changes when the GPU's memory runs out (app.py's flags).
+_GPU_MEMORY_ADVICE = (
+    "lower --kv-cache-gib (now {kv} GiB) or --max-num-seqs (now {seqs}), use smaller models, "
+    "or stop the other programs using the GPU (nvidia-smi lists them)"
+)
+# log fragment -> explanation; checked in order against the log of a failed start: CUDA's own
+# failures before the generic "out of memory" (torch's CUDA message contains it too). Fields:
+# {port}, {kv} (kv_cache_gib), {seqs} (max_num_seqs), {device} (the platform's device name).
+_FAILURES = (
     ("Address already in use", "port {port} on 127.0.0.1 is already taken by another program"),
+    # torch: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
+    ("CUDA out of memory", "the GPU ({device}) ran out of memory; " + _GPU_MEMORY_ADVICE),
+    ("torch.OutOfMemoryError", "the GPU ({device}) ran out of memory; " + _GPU_MEMORY_ADVICE),
+    ("CUDA error: out of memory", "the GPU ({device}) ran out of memory; " + _GPU_MEMORY_ADVICE),
+    # vLLM's start-up check (v1/worker/utils.py, request_memory): even with a fixed KV cache size it
+    # wants gpu_memory_utilization (0.92 by default) of the GPU's memory free when it starts
+    (
+        "is less than desired GPU memory utilization",
+        "other programs hold memory on the GPU ({device}): vLLM wants 92 % of its memory free at start, "
+        "whatever the KV cache size; stop the programs nvidia-smi lists, or use a GPU of its own",
+    ),
+    (
+        "no kernel image is available for execution on the device",
+        "the installed PyTorch/vLLM has no kernels for this GPU's architecture ({device}); install a "
+        "vLLM and PyTorch built for it, or use a GPU they support (the CPU build runs anywhere: .[cpu])",
+    ),
+    (
+        "CUDA driver version is insufficient",
+        "the NVIDIA driver is older than the CUDA that vLLM's PyTorch was built for; update the NVIDIA "
+        "driver (or install a PyTorch built for the CUDA version nvidia-smi shows)",
+    ),
+    (
+        "Found no NVIDIA driver",
+        "no NVIDIA driver was found; install the NVIDIA driver, or use vLLM's CPU build (pip install -e .[cpu])",
+    ),
+    (
+        "No CUDA GPUs are available",
+        "vLLM's CUDA build found no GPU; check that nvidia-smi lists one and that CUDA_VISIBLE_DEVICES "
+        "names it, or use vLLM's CPU build (pip install -e .[cpu])",
+    ),
     (
         "is less than requested memory for kv",
         "not enough free memory for the KV cache it was asked to "
@@ -89,7 +141,25 @@ _FAILURES = [
     ("does not appear to have a file named", "the model directory is missing files vLLM needs"),
     ("Invalid repository ID", "the model path does not exist and is not a hub id"),
     ("No such file or directory", "a model file or directory does not exist"),
-]
+)
+
+
+def explain_failure(log: str, config: EngineConfig, platform: Platform, port: int | None) -> str | None:
+    """Why a start failed, in words, from vLLM's log; None where no known cause is in it."""
+    for needle, why in _FAILURES:
+        if needle in log:
+            return why.format(port=port, kv=config.kv_cache_gib, seqs=config.max_num_seqs, device=platform.device_name)
+    return None
+
+
+def milestones_seen(log: str, seen: int) -> list[tuple[int, StartProgress]]:
+    """The milestones after the ``seen`` first (by position in ``_MILESTONES``) that ``log`` holds,
+    as (position, progress): a platform's missing ones are skipped, later ones still reported."""
+    return [
+        (i, StartProgress(stage, frac, msg))
+        for i, (needle, stage, frac, msg) in enumerate(_MILESTONES)
+        if i >= seen and needle in log
+    ]
 
 
 def free_port() -> int:
@@ -107,19 +177,36 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def engine_env(config: EngineConfig, tap_addr: str | None, control_addr: str | None = None) -> dict[str, str]:
+# the variables only vLLM's CPU build reads (``envs.py``); never handed to a CUDA engine
+CPU_ONLY_ENV_PREFIX = "VLLM_CPU_"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.32's envs.py; "0" pins Model Runner V1
+
+
+def engine_env(
+    config: EngineConfig, tap_addr: str | None, control_addr: str | None, platform: Platform
+) -> dict[str, str]:
+    """The engine's environment: this process's, with what ``platform`` needs (module docstring)."""
     env = dict(os.environ)
-    iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
-    if iomp.exists():  # vllm-cpu's bundled OpenMP must be preloaded
-        env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
-    env["VLLM_CPU_KVCACHE_SPACE"] = str(int(config.kv_cache_gib))
+    if platform.is_gpu:
+        for name in [n for n in env if n.startswith(CPU_ONLY_ENV_PREFIX)]:
+            del env[name]  # the KV cache and the cores are the CPU build's: meaningless on a GPU
+    else:
+        iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
+        if iomp.exists():  # vllm-cpu's bundled OpenMP must be preloaded
+            env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(config.kv_cache_gib))  # GiB
+        if config.reserved_cpus is not None:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.reserved_cpus)
     env["HF_HUB_OFFLINE"] = "1"  # models are local directories by now
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-    if config.reserved_cpus is not None:
-        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.reserved_cpus)
     # the engine core must import engine_adapter.vllm_plugin (its schedulers and worker)
     root = str(PROJECT_ROOT)
     env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    if config.tap:
+        # the plugin (tap scheduler, verifier and idle-drafter workers) is written against Model
+        # Runner V1, whose runner has the ``drafter``; vLLM 0.32 picks V2 on CUDA for draft_model
+        # and ngram (config/vllm.py, use_v2_model_runner)
+        env[V2_RUNNER_ENV] = "0"
     env.pop(TAP_ADDR_ENV, None)
     env.pop(CONTROL_ADDR_ENV, None)
     if tap_addr:
@@ -163,9 +250,11 @@ class EngineProcess:
         port: int | None = None,
         log_path: Path | None = None,
         resolve: Callable[[str], Path] | None = None,
+        platform: Platform | None = None,
     ) -> None:
         config.validate()
         self.config = config
+        self._platform = platform if platform is not None else detect_platform()
         self.port = port
         self._workdir = Path(tempfile.mkdtemp(prefix="spec-explorer-"))
         self.log_path = log_path or self._workdir / "vllm.log"
@@ -179,6 +268,11 @@ class EngineProcess:
         self._log = None
         self.target_dir: Path | None = None
         self.draft_dir: Path | None = None
+
+    @property
+    def platform(self) -> Platform:
+        """The machine this engine runs on (given, or detected once at construction)."""
+        return self._platform
 
     @property
     def url(self) -> str:
@@ -246,9 +340,10 @@ class EngineProcess:
         """Check the machine's resources and resolve the models (``target_dir``, ``draft_dir``)."""
         report = progress or (lambda p: None)
         try:
-            check_resources(self.config)  # before a packaged model is converted onto a full disk
+            # before a packaged model is converted onto a full disk, then with the sizes on disk
+            check_resources(self.config, platform=self._platform)
             self._resolve_models(report)
-            check_resources(self.config, self.target_dir, self.draft_dir)  # the sizes on disk now
+            check_resources(self.config, self.target_dir, self.draft_dir, platform=self._platform)
         except NotEnoughResources as e:
             self._cleanup_dir()
             raise EngineStartError(str(e)) from e
@@ -264,9 +359,8 @@ class EngineProcess:
         elif not port_is_free(self.port):
             self._cleanup_dir()
             raise EngineStartError(f"port {self.port} on 127.0.0.1 is already taken by another program")
-        args = server_args(
-            self.config, str(self.target_dir), str(self.draft_dir) if self.draft_dir else None, self.port
-        )
+        draft_dir = str(self.draft_dir) if self.draft_dir else None
+        args = server_args(self.config, str(self.target_dir), draft_dir, self.port, self._platform)
         cmd = [
             sys.executable,
             "-m",
@@ -286,7 +380,7 @@ class EngineProcess:
             stdin=subprocess.PIPE,  # the supervisor's lifeline: closes when we die
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=engine_env(self.config, self.tap_addr, self.control_addr),
+            env=engine_env(self.config, self.tap_addr, self.control_addr, self._platform),
             start_new_session=True,
             cwd=str(self._workdir),
         )
@@ -305,10 +399,9 @@ class EngineProcess:
         with httpx.Client(timeout=2.0) as client:
             while time.monotonic() < deadline:
                 log = self.log_path.read_text(errors="replace")
-                for i, (needle, stage, frac, msg) in enumerate(_MILESTONES):
-                    if i >= seen and needle in log:
-                        seen = i + 1
-                        report(StartProgress(stage, frac, msg))
+                for i, milestone in milestones_seen(log, seen):
+                    seen = i + 1
+                    report(milestone)
                 if self._proc.poll() is not None:
                     raise EngineStartError(self._explain_failure(log))
                 try:
@@ -321,10 +414,9 @@ class EngineProcess:
         raise EngineStartError(f"the engine did not become ready within {timeout_s:.0f} s; log: {self.log_path}")
 
     def _explain_failure(self, log: str) -> str:
-        for needle, why in _FAILURES:
-            if needle in log:
-                why = why.format(port=self.port, kv=self.config.kv_cache_gib)
-                return f"vLLM failed to start: {why}. Log: {self.log_path}"
+        why = explain_failure(log, self.config, self._platform, self.port)
+        if why is not None:
+            return f"vLLM failed to start: {why}. Log: {self.log_path}"
         tail = "\n".join(log.strip().splitlines()[-15:])
         return f"vLLM exited during start-up. Last lines of its log ({self.log_path}):\n{tail}"
 

@@ -1,15 +1,19 @@
 """Will the engine fit? Memory and disk checked before anything is started.
 
 Contract:
-- ``check_resources(config, target_dir=None, draft_dir=None)`` raises
+- ``check_resources(config, target_dir=None, draft_dir=None, platform=...)`` raises
   ``NotEnoughResources`` with a message naming what is missing, how much is
   needed and how much there is, and what to do; it returns the ``Need`` it
   checked otherwise. The launcher calls it before resolving the models (so a
   packaged model is not converted onto a full disk, and the sizes known then
   are checked) and again with the resolved directories before starting vLLM.
-- Memory: weight files on disk (target, plus the draft model for the draft
-  method) + the KV cache (``kv_cache_gib``) + ``OVERHEAD_GIB`` for the Python
-  processes, against ``MemAvailable`` in /proc/meminfo.
+  ``platform`` is the engine's (``engine.platform``; None = ``detect_platform()``).
+- Memory on CPU: weight files on disk (target, plus the draft model for the draft
+  method) as loaded in the engine's dtype + the KV cache (``kv_cache_gib``) +
+  ``OVERHEAD_GIB`` for the Python processes, against ``MemAvailable`` in /proc/meminfo.
+- Memory on CUDA: the weights + the KV cache + ``CUDA_OVERHEAD_GIB`` against the GPU's
+  free memory (``Platform.free_memory_bytes``, when known); host memory only for what
+  stays on the host (``OVERHEAD_GIB``: vLLM streams the weights to the GPU).
 - Disk: when a packaged model (``packaged:...``, or a default hub id while the
   hub is off) still has to be assembled and converted, the cache directory
   (``engine_adapter.engine.models.default_cache_dir``) needs room for the bf16
@@ -30,10 +34,19 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine_adapter.engine.platform import Platform, detect_platform
 from engine_adapter.engine_config import EngineConfig, resolve_dtype
 
 GIB = 1 << 30
-OVERHEAD_GIB = 1.5  # API server, engine core and worker: Python, torch, vLLM
+OVERHEAD_GIB = 1.5  # host memory of the API server, engine core and worker: Python, torch, vLLM
+# GPU memory beside the weights and the KV cache (GiB): the worker's CUDA context, cuBLAS and
+# NCCL workspaces (~0.5), the activations of a full step (max_num_batched_tokens = 8192 tokens
+# through the 1.5B target's 8960-wide MLP in bf16, with the attention buffers, ~0.5), the
+# sampler's fp32 logits for every verified position (64 requests x 6 x 152k vocabulary x 4
+# bytes, ~0.25, plus their sorted copies for top-k/top-p) and the CUDA graphs' memory pool
+# (vLLM logs a few hundred MiB for ~50 capture sizes of a model this size). vLLM's
+# --kv-cache-memory-bytes skips its own profiling, so nothing else leaves this headroom.
+CUDA_OVERHEAD_GIB = 2.0
 MEM_ENV = "SPEC_EXPLORER_MEM_AVAILABLE_GIB"
 DISK_ENV = "SPEC_EXPLORER_DISK_FREE_GIB"
 SKIP_ENV = "SPEC_EXPLORER_SKIP_RESOURCE_CHECK"
@@ -51,14 +64,27 @@ class Need:
     models: list[tuple[str, str, int]] = field(default_factory=list)  # (role, spec, weight bytes) known
     unknown: list[str] = field(default_factory=list)  # specs whose size is not known yet
     kv_gib: float = 0.0
-    overhead_gib: float = OVERHEAD_GIB
+    overhead_gib: float = OVERHEAD_GIB  # host memory of the processes
     build: list[str] = field(default_factory=list)  # packaged models still to convert
     disk_bytes: int = 0  # for the conversions
     cache_dir: Path | None = None
+    on_gpu: bool = False  # weights and KV cache on the GPU (CUDA), else in host memory
+    gpu_overhead_gib: float = 0.0  # CUDA_OVERHEAD_GIB on CUDA
+
+    @property
+    def weights_bytes(self) -> int:
+        return sum(b for _, _, b in self.models)
 
     @property
     def memory_bytes(self) -> int:
-        return sum(b for _, _, b in self.models) + int((self.kv_gib + self.overhead_gib) * GIB)
+        """Host memory: everything on CPU, the processes alone on CUDA."""
+        host = int(self.overhead_gib * GIB)
+        return host if self.on_gpu else host + self.weights_bytes + int(self.kv_gib * GIB)
+
+    @property
+    def gpu_bytes(self) -> int:
+        """GPU memory (0 on CPU): the weights, the KV cache and CUDA's own overhead."""
+        return self.weights_bytes + int((self.kv_gib + self.gpu_overhead_gib) * GIB) if self.on_gpu else 0
 
 
 def gib(n: float) -> str:
@@ -149,17 +175,24 @@ def _spec_size(spec: str, cache_dir: Path) -> tuple[int | None, object | None]:
 
 
 def estimate(
-    config: EngineConfig, target_dir: Path | None = None, draft_dir: Path | None = None, cache_dir: Path | None = None
+    config: EngineConfig,
+    target_dir: Path | None = None,
+    draft_dir: Path | None = None,
+    cache_dir: Path | None = None,
+    platform: Platform | None = None,
 ) -> Need:
+    """What the engine needs on ``platform`` (None = ``detect_platform()``)."""
     from engine_adapter.engine.models import default_cache_dir
 
+    platform = platform if platform is not None else detect_platform()
     cache = Path(cache_dir) if cache_dir else default_cache_dir()
-    need = Need(kv_gib=float(config.kv_cache_gib), cache_dir=cache)
+    need = Need(kv_gib=float(config.kv_cache_gib), cache_dir=cache, on_gpu=platform.is_gpu)
+    need.gpu_overhead_gib = CUDA_OVERHEAD_GIB if platform.is_gpu else 0.0
     wanted = [("target", config.target, target_dir)]
     if config.method == "draft":
         wanted.append(("draft", config.draft, draft_dir))
     builds = []
-    dtype = resolve_dtype(config.dtype)
+    dtype = resolve_dtype(config.dtype, on_cpu=not platform.is_gpu)
     for role, spec, resolved in wanted:
         if resolved is not None:
             size, build = weight_bytes(Path(resolved)), None
@@ -189,9 +222,12 @@ def check_resources(
     cache_dir: Path | None = None,
     available: int | None = None,
     free: int | None = None,
+    platform: Platform | None = None,
 ) -> Need:
-    """Raise NotEnoughResources when memory or disk clearly cannot hold this engine."""
-    need = estimate(config, target_dir, draft_dir, cache_dir)
+    """Raise NotEnoughResources when disk, host memory or (CUDA) GPU memory clearly cannot hold this
+    engine. ``available`` (host bytes) and ``free`` (disk bytes) replace what the machine reports."""
+    platform = platform if platform is not None else detect_platform()
+    need = estimate(config, target_dir, draft_dir, cache_dir, platform)
     if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"}:
         return need
     if need.build:
@@ -202,14 +238,43 @@ def check_resources(
                 f"{gib(need.disk_bytes)} in {need.cache_dir}, {gib(have)} is free there; free some space or "
                 f"point SPEC_EXPLORER_CACHE at a disk with room"
             )
+    if platform.is_gpu:
+        _check_gpu(need, platform, config)
     have = available if available is not None else mem_available()
     if have is not None and have < need.memory_bytes:
-        parts = " + ".join(
-            [f"{role} model {gib(b)}" for role, _, b in need.models]
-            + [f"KV cache {need.kv_gib:g} GiB", f"about {need.overhead_gib:g} GiB for the processes"]
-        )
-        raise NotEnoughResources(
-            f"not enough free memory for the engine: it needs about {gib(need.memory_bytes)} ({parts}), "
-            f"{gib(have)} is available; lower --kv-cache-gib, choose smaller models, or close other programs"
-        )
+        raise NotEnoughResources(_host_message(need, have))
     return need
+
+
+def _parts(need: Need, overhead: str) -> str:
+    return " + ".join(
+        [f"{role} model {gib(b)}" for role, _, b in need.models] + [f"KV cache {need.kv_gib:g} GiB", overhead]
+    )
+
+
+def _host_message(need: Need, have: int) -> str:
+    if need.on_gpu:  # the models and the KV cache are on the GPU: the host holds the processes
+        return (
+            f"not enough free host memory for the engine's processes: they need about {gib(need.memory_bytes)} "
+            f"(API server, engine core and GPU worker), {gib(have)} is available; close other programs"
+        )
+    parts = _parts(need, f"about {need.overhead_gib:g} GiB for the processes")
+    return (
+        f"not enough free memory for the engine: it needs about {gib(need.memory_bytes)} ({parts}), "
+        f"{gib(have)} is available; lower --kv-cache-gib, choose smaller models, or close other programs"
+    )
+
+
+def _check_gpu(need: Need, platform: Platform, config: EngineConfig) -> None:
+    """The GPU's free memory (when nvidia-smi told it) against the weights, KV cache and overhead."""
+    have = platform.free_memory_bytes
+    if have is None or have >= need.gpu_bytes:
+        return
+    parts = _parts(need, f"about {need.gpu_overhead_gib:g} GiB for CUDA graphs, activations and the CUDA context")
+    total = f" of {gib(platform.memory_bytes)}" if platform.memory_bytes else ""
+    raise NotEnoughResources(
+        f"not enough free GPU memory on {platform.device_name} for the engine: it needs about "
+        f"{gib(need.gpu_bytes)} ({parts}), {gib(have)}{total} is free; lower --kv-cache-gib "
+        f"(now {config.kv_cache_gib}) or --max-num-seqs (now {config.max_num_seqs}), choose smaller models, "
+        f"or stop the other programs using the GPU (nvidia-smi lists them)"
+    )

@@ -1,9 +1,21 @@
-"""The argument list for vLLM's OpenAI server, from an ``EngineConfig``.
+"""The argument list for vLLM's OpenAI server, from an ``EngineConfig`` and the platform it runs on.
 
-Contract: ``server_args(config, target_dir, draft_dir, port)`` gives the argument
-list for ``python -m vllm.entrypoints.openai.api_server``; ``speculative_config``
-the ``--speculative-config`` object. The plugin's class paths come from
-``vllm_plugin.paths`` (a unit test resolves them to the classes).
+Contract: ``server_args(config, target_dir, draft_dir, port, platform)`` gives the argument
+list for ``python -m vllm.entrypoints.openai.api_server``; ``speculative_config`` the
+``--speculative-config`` object. The platform is explicit (``engine.platform``), so both
+platforms' launches are built, and tested, on either machine. The plugin's class paths come
+from ``vllm_plugin.paths`` (a unit test resolves them to the classes).
+
+Both platforms: an explicit chunked-prefill budget (``--max-num-batched-tokens``,
+``batched_tokens``), the effective scheduling mode (``Platform.async_scheduling``: vLLM's CPU
+platform forces it off, so a CPU engine gets the synchronous tap scheduler) and, for every
+speculative engine with the tap, the platform's verifier worker (it reports the exact draft
+ids it verified), the idle drafter's where the drafter idles.
+CPU: eager mode unless compiling is asked for; the KV cache is sized by the environment
+(``launcher.engine_env``). CUDA: the KV cache by ``--kv-cache-memory-bytes`` (vLLM would
+otherwise take 92 % of the GPU's memory; ``--gpu-memory-utilization`` is what is free, at most 0.92, since
+vLLM checks that much is free at start), CUDA graphs unless eager is asked for, captured at
+``platform.cuda_graph_capture_sizes`` (every K up to num_speculative_tokens stays on them).
 """
 
 from __future__ import annotations
@@ -11,14 +23,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from engine_adapter.engine_config import EngineConfig, resolve_dtype
-from engine_adapter.vllm_plugin.paths import ACCEPTANCE_RULE_WORKER, IDLE_DRAFTER_WORKER, scheduler_class_path
+from engine_adapter.engine.platform import Platform, cuda_graph_capture_sizes, memory_utilization
+from engine_adapter.engine_config import (
+    CPU_MAX_NUM_BATCHED_TOKENS,
+    CUDA_MAX_NUM_BATCHED_TOKENS,
+    EngineConfig,
+    resolve_dtype,
+)
+from engine_adapter.vllm_plugin.paths import scheduler_class_path, worker_class_path
+
+GIB = 1 << 30  # bytes
 
 
 def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str, Any] | None:
     if config.method == "off":
         return None
-    spec: dict[str, Any] = {"num_speculative_tokens": config.k_max or config.k}
+    spec: dict[str, Any] = {"num_speculative_tokens": config.num_speculative_tokens}
     if config.method == "ngram":
         spec |= {
             "method": "ngram",
@@ -37,8 +57,67 @@ def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str,
     return spec
 
 
-def server_args(config: EngineConfig, target_dir: str, draft_dir: str | None, port: int) -> list[str]:
-    """Arguments for ``python -m vllm.entrypoints.openai.api_server``."""
+def batched_tokens(config: EngineConfig, platform: Platform) -> int:
+    """The step's token budget (``--max-num-batched-tokens``): the config's, or the platform's
+    default, never below max_num_seqs (vLLM's own rule: every running request gets a token)."""
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    default = CUDA_MAX_NUM_BATCHED_TOKENS if platform.is_gpu else CPU_MAX_NUM_BATCHED_TOKENS
+    return max(default, config.max_num_seqs)
+
+
+def eager(config: EngineConfig, platform: Platform) -> bool:
+    """Whether the engine runs eager (the config's choice, or the platform's default)."""
+    return platform.eager(config.enforce_eager)
+
+
+def async_scheduling(config: EngineConfig, platform: Platform) -> bool:
+    """The scheduling mode the engine really runs in (vLLM's CPU platform forces sync)."""
+    return platform.async_scheduling(config.async_scheduling)
+
+
+def capture_sizes(config: EngineConfig, platform: Platform) -> list[int]:
+    """The CUDA-graph capture sizes (tokens) the engine is started with; [] where it runs eager."""
+    if not platform.is_gpu or eager(config, platform):
+        return []
+    tokens = batched_tokens(config, platform)
+    return cuda_graph_capture_sizes(config.max_num_seqs, config.num_speculative_tokens, tokens)
+
+
+def _platform_args(config: EngineConfig, platform: Platform) -> list[str]:
+    """What differs by platform: the KV cache's size (CUDA; CPU: the environment), eager mode,
+    the CUDA-graph capture sizes."""
+    args: list[str] = []
+    if platform.is_gpu:
+        args += ["--kv-cache-memory-bytes", str(int(config.kv_cache_gib) * GIB)]
+        if (fraction := memory_utilization(platform)) is not None:
+            args += ["--gpu-memory-utilization", str(fraction)]
+    if eager(config, platform):
+        args.append("--enforce-eager")
+    elif platform.is_gpu:
+        args += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": capture_sizes(config, platform)})]
+    return args
+
+
+def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
+    """Scheduling mode, the tap's scheduler and the plugin's worker."""
+    mode = async_scheduling(config, platform)
+    args = ["--async-scheduling" if mode else "--no-async-scheduling"]
+    if config.tap:
+        args += ["--scheduler-cls", scheduler_class_path(mode)]
+        if config.method != "off":  # the verifier reports the draft ids it verified: every speculative tap needs it
+            args += ["--worker-cls", worker_class_path(platform.kind, idle_drafter=config.drafter_idles)]
+    if config.drafter_idles:
+        # no prefix caching: a cached block's draft KV may hold a hole its writer never caught up,
+        # which another request would then draft from (docs/catch-up-design.md, section 7)
+        args.append("--no-enable-prefix-caching")
+    return args
+
+
+def server_args(
+    config: EngineConfig, target_dir: str, draft_dir: str | None, port: int, platform: Platform
+) -> list[str]:
+    """Arguments for ``python -m vllm.entrypoints.openai.api_server`` on ``platform``."""
     args = [
         "--host",
         "127.0.0.1",
@@ -49,18 +128,20 @@ def server_args(config: EngineConfig, target_dir: str, draft_dir: str | None, po
         "--served-model-name",
         "target",
         "--dtype",
-        resolve_dtype(config.dtype),
+        resolve_dtype(config.dtype, on_cpu=not platform.is_gpu),
         "--max-model-len",
         str(config.max_model_len),
         "--max-num-seqs",
         str(config.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(batched_tokens(config, platform)),
+        "--enable-chunked-prefill",
         "--stream-interval",
         "1",
         "--seed",
         "0",
     ]
-    if config.enforce_eager:
-        args.append("--enforce-eager")
+    args += _platform_args(config, platform)
     spec = speculative_config(config, draft_dir)
     if spec is not None:
         args += [
@@ -69,13 +150,5 @@ def server_args(config: EngineConfig, target_dir: str, draft_dir: str | None, po
             "--per-request-spec-decode-metrics",
             "detailed",
         ]
-    args.append("--async-scheduling" if config.async_scheduling else "--no-async-scheduling")
-    if config.tap:
-        args += ["--scheduler-cls", scheduler_class_path(config.async_scheduling)]
-    if config.drafter_idles:
-        # no prefix caching: a cached block's draft KV may hold a hole its writer never caught up,
-        # which another request would then draft from (docs/catch-up-design.md, section 7)
-        args += ["--worker-cls", IDLE_DRAFTER_WORKER, "--no-enable-prefix-caching"]  # acceptance rules too
-    elif config.acceptance_rules:
-        args += ["--worker-cls", ACCEPTANCE_RULE_WORKER]
+    args += _plugin_args(config, platform)
     return args + list(config.extra_args)

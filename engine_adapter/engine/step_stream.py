@@ -129,7 +129,7 @@ async def steps_from_tap(
             return  # the tap never delivered the rest; generate() reports it
         if not isinstance(item[0], str):
             tstep, r = item
-            if not r.emitted and not r.drafted:
+            if not r.emitted and not r.num_drafted:
                 continue  # a prefill chunk that produced no token yet
             yield make_step(
                 tokenizer,
@@ -138,8 +138,8 @@ async def steps_from_tap(
                 tstep.wall_s,
                 tstep.batch_size,
                 tstep.k,
-                list(r.drafted),
-                len(r.drafted),
+                None if r.drafted is None else list(r.drafted),  # None: the tap knew the count only
+                r.num_drafted,
                 r.accepted,
                 list(r.emitted),
                 text,

@@ -35,12 +35,12 @@ def summarize(step: TapStep) -> EngineStep:
     rule. The step's totals (drafted, accepted) count every draft, relaxed ones too, as vLLM
     does."""
     whole = [r for r in step.reqs if not r.drafted_across]
-    k = max((len(r.drafted) for r in whole), default=0)
+    k = max((r.num_drafted for r in whole), default=0)
     # each request is one "step" of position_counts: position i is tested only if
     # every draft before it was kept
     lossless = [min(r.accepted, r.relaxed[0][0] - 1) if r.relaxed else r.accepted for r in whole]
-    acc_pos, reached_pos = position_counts(lossless, [len(r.drafted) for r in whole], k)
-    drafted = sum(len(r.drafted) for r in step.reqs)
+    acc_pos, reached_pos = position_counts(lossless, [r.num_drafted for r in whole], k)
+    drafted = sum(r.num_drafted for r in step.reqs)
     accepted = sum(r.accepted for r in step.reqs)
     emitted = sum(len(r.emitted) for r in step.reqs)
     return EngineStep(
@@ -56,7 +56,7 @@ def summarize(step: TapStep) -> EngineStep:
         num_emitted=emitted,
         accepted_per_pos=tuple(acc_pos),
         reached_per_pos=tuple(reached_pos),
-        num_drafting=sum(1 for r in step.reqs if r.drafted),
+        num_drafting=sum(1 for r in step.reqs if r.num_drafted),
         tap_s=step.tap_s,
         controls=step.controls,
         auction_slots=step.auction[0] if step.auction else None,

@@ -35,6 +35,7 @@ from engine_adapter.measure.sweep_runs import (
 )
 from engine_adapter.measure.throughput import measure
 from engine_adapter.policy.controller import PolicyController, PolicySpec
+from engine_adapter.policy.profile_grid import config_profile_grid
 from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.prompts import read_prompts
 from engine_adapter.trace.format import engine_step_line
@@ -112,7 +113,7 @@ async def _start_live(
     if not any(p.spec.kind in ("auto", "auction") for p in live_pols):
         return live
     ctl = live.controller
-    path = config_cache_path(cfg)
+    path = config_cache_path(cfg, engine.process.platform)
     ctl.cost = None if settings.reprofile else load_cached(path, cfg.method == "draft")
     profiled = ctl.cost is None
     if profiled:
@@ -122,6 +123,7 @@ async def _start_live(
             prompts,
             k_max,
             cfg.method == "draft",
+            grid=config_profile_grid(cfg, engine.process.platform),
             progress=lambda p: _say(f"   {p.message} ({p.fraction:.0%})"),
         )
         save_cached(path, ctl.cost)  # kept even if the pass below fails

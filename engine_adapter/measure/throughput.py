@@ -96,8 +96,9 @@ async def measure_results(
 
 
 def _config(
-    settings: BenchSettings, method: str, tap: bool = True, reserved: int | None = None, eager: bool = True
+    settings: BenchSettings, method: str, tap: bool = True, reserved: int | None = None, eager: bool | None = None
 ) -> EngineConfig:
+    """``eager``: True eager, False compiled, None the platform's default (eager on CPU, CUDA graphs on a GPU)."""
     return EngineConfig(
         reserved_cpus=reserved,
         enforce_eager=eager,

@@ -4,7 +4,7 @@ Contract: ``CostPoint`` is one measured cell (batch size, K in force, tokens
 verified per step, median step seconds); ``fit_cost_model(points)`` fits
 
     step_s(b, K) = verify_s(b * (K + 1)) + draft_cost_s(b, K)
-    verify_s(n)  = base_s + slope_s * max(0, n - knee_tokens)
+    verify_s(n)  = base_s + slope_s * max(0, pad(n) - knee_tokens)
     draft_cost_s(b, K) = [K > 0] * (first_s + first_s_per_req * b)
                        + max(K - 1, 0) * (draft_s + draft_s_per_req * b)
 
@@ -20,11 +20,19 @@ curve between them zig-zagged in K from one batch size to the next. The knee is 
 by least squares over the measured token counts, so a CPU (knee near a handful
 of tokens) and a GPU (hundreds) go through the same code.
 
+Where the engine pads steps (a GPU with CUDA graphs: a step of n tokens runs the graph
+captured for the smallest size >= n, and costs what that graph costs), ``capture_sizes``
+holds the captured sizes (tokens per step, ascending) and ``verify_s`` first rounds the
+verified tokens up to the next of them (``padded_tokens``; past the largest the step
+runs unpadded), so step time is a staircase under the hinge; the fit reads the cells'
+padded token counts. With no capture sizes (CPU, eager mode) nothing is padded.
+
 Units: seconds, tokens per step. Pure numpy; no vLLM, no UI.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from statistics import median
@@ -53,9 +61,20 @@ class CostModel:
     first_s_per_req: float = 0.0  # ... and per request, s
     points: tuple[CostPoint, ...] = field(default_factory=tuple)
     rmse_s: float = 0.0  # fit error over the points, s
+    # tokens per step CUDA graphs were captured for, ascending (a step is padded up to the next);
+    # () = no padding (CPU, eager mode)
+    capture_sizes: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:  # any sequence in, a sorted tuple kept (hashable, from JSON lists too)
+        object.__setattr__(self, "capture_sizes", tuple(sorted({int(s) for s in self.capture_sizes})))
+
+    def padded_tokens(self, num_tokens: float) -> float:
+        """The tokens a step of ``num_tokens`` costs as: ``padded_tokens`` of the capture sizes."""
+        return padded_tokens(num_tokens, self.capture_sizes)
 
     def verify_s(self, num_tokens: float) -> float:
-        return self.base_s + self.slope_s * max(0.0, num_tokens - self.knee_tokens)
+        n = self.padded_tokens(num_tokens)
+        return self.base_s + self.slope_s * max(0.0, n - self.knee_tokens)
 
     def draft_cost_s(self, batch_size: int, k: int) -> float:
         """The drafter's passes that depend on K: the first (yielding the first draft; vLLM's
@@ -79,8 +98,16 @@ class CostModel:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CostModel:
+        """``to_dict``'s inverse; a dict saved before ``capture_sizes`` existed loads unpadded."""
         pts = tuple(CostPoint(**p) for p in d.get("points", ()))
         return cls(**{k: v for k, v in d.items() if k != "points"}, points=pts)
+
+
+def padded_tokens(num_tokens: float, capture_sizes: Sequence[int]) -> float:
+    """The smallest of ``capture_sizes`` (ascending, tokens) at or above ``num_tokens``; ``num_tokens``
+    itself past the largest or with none (the step then runs without a graph, unpadded)."""
+    i = bisect_left(capture_sizes, num_tokens)
+    return capture_sizes[i] if i < len(capture_sizes) else num_tokens
 
 
 def points_from_steps(steps: Iterable[tuple[int, int, int, float]], min_samples: int = 3) -> list[CostPoint]:
@@ -113,11 +140,15 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return coef
 
 
-def fit_cost_model(points: Sequence[CostPoint], drafter_runs_model: bool = False) -> CostModel:
-    """Fit the hinge (and drafter) model to measured cells; see the module docstring."""
+def fit_cost_model(
+    points: Sequence[CostPoint], drafter_runs_model: bool = False, capture_sizes: Sequence[int] = ()
+) -> CostModel:
+    """Fit the hinge (and drafter) model to measured cells, their tokens padded up to ``capture_sizes``
+    (tokens per step; () = none); see the module docstring."""
     if not points:
         raise ValueError("no measured steps to fit a cost model to")
-    n = np.array([p.num_tokens for p in points], dtype=float)
+    sizes = tuple(sorted(set(capture_sizes)))
+    n = np.array([padded_tokens(p.num_tokens, sizes) for p in points], dtype=float)
     y = np.array([p.step_s for p in points], dtype=float)
     k = np.array([p.k for p in points], dtype=float)
     b = np.array([p.batch_size for p in points], dtype=float)
@@ -146,4 +177,5 @@ def fit_cost_model(points: Sequence[CostPoint], drafter_runs_model: bool = False
         first_s_per_req=float(draft[3]),
         points=tuple(points),
         rmse_s=err,
+        capture_sizes=sizes,
     )

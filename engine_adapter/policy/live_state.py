@@ -37,12 +37,14 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
+from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
 from engine_adapter.policy.profiler import (
     ProfileProgress,
     config_cache_path,
@@ -103,6 +105,8 @@ class LivePolicy:
         self.controller: PolicyController | None = None
         self.changes: collections.deque[tuple[float, dict]] = collections.deque(maxlen=200)
         self._config: EngineConfig | None = None
+        self._grid: ProfileGrid | None = None  # the engine's profile cells (``profile_grid``), set at engine_ready
+        self._cache_path: Path | None = None  # its cost model's cache file (``config_cache_path``)
         self._why_not: str | None = "no engine"
         self._cost_source: str | None = None
         self._profiling: str | None = None
@@ -135,6 +139,8 @@ class LivePolicy:
             )
             return
         self._why_not = None
+        platform = engine.process.platform  # the machine the engine was launched on
+        self._grid, self._cache_path = config_profile_grid(config, platform), config_cache_path(config, platform)
         ctl = PolicyController(client, config.k_max, config.max_num_seqs)
         self.controller = ctl
         # the engine starts in table mode: a fixed K (or the configured table) is in force
@@ -143,9 +149,9 @@ class LivePolicy:
             spec, config.k_table or [(1, config.max_num_seqs, config.k)], client.controls_sent, time.monotonic()
         )
         self.changes.append((time.monotonic(), spec.to_dict()))
-        ctl.cost = load_cached(config_cache_path(config), config.method == "draft")
+        ctl.cost = load_cached(self._cache_path, config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
-        measured = load_cached_acceptance(config_cache_path(config)) if ctl.cost else None
+        measured = load_cached_acceptance(self._cache_path) if ctl.cost else None
         self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED) if measured else []
         self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
         if ctl.cost is None:
@@ -225,7 +231,7 @@ class LivePolicy:
 
     async def _measure(self, on_progress: Callable[[ProfileProgress], None] | None) -> None:
         """Run the profile; the cost model (and the cache) on success, ``view().error`` on failure."""
-        ctl, cfg = self.controller, self._config
+        ctl, cfg, grid = self.controller, self._config, self._grid
         self._profiling = "starting"
         t_start = time.monotonic()
 
@@ -233,13 +239,21 @@ class LivePolicy:
             left = f", about {p.left_s:.0f} s left" if p.left_s else ""
             self._profiling = f"{p.message} ({p.fraction:.0%}{left})"
             if len(p.points) >= 2:
-                self._measured = fit_cost_model(p.points, drafter_runs_model=cfg.method == "draft")
+                self._measured = fit_cost_model(
+                    p.points, drafter_runs_model=cfg.method == "draft", capture_sizes=grid.capture_sizes
+                )
             if on_progress is not None:
                 on_progress(p)
 
         try:
             cost = await profile_engine(
-                ctl.client, self._prompts, ctl.k_max, cfg.method == "draft", progress=progress, **self.profile_kwargs
+                ctl.client,
+                self._prompts,
+                ctl.k_max,
+                cfg.method == "draft",
+                grid=grid,
+                progress=progress,
+                **self.profile_kwargs,
             )
             ctl.cost = cost
             self._cost_source = "profiled"
@@ -247,7 +261,7 @@ class LivePolicy:
             measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
             self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
             self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
-            save_cached(config_cache_path(cfg), cost, measured)
+            save_cached(self._cache_path, cost, measured)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # shown in the page; policies without a cost model still work
@@ -306,7 +320,7 @@ class LivePolicy:
             k_max=ctl.k_max if ctl else 0,
             alphas=alphas,
             auto_preview=self._auto_preview(ctl, alphas) if self._profiling is None else None,
-            profile_estimate_s=estimate_profile_s(ctl.cost, ctl.k_max) if ctl and ctl.cost else None,
+            profile_estimate_s=estimate_profile_s(ctl.cost, self._grid) if ctl and ctl.cost and self._grid else None,
         )
 
     def _auto_preview(self, ctl: PolicyController | None, alphas: list[float]) -> AutoTable | None:

@@ -1,8 +1,9 @@
 """Profile a live engine's step time into a cost model (``cost_model.CostModel``).
 
-Contract: ``await profile_engine(client, prompts, k_max, drafter_runs_model)``
-drives the running engine through a grid of (batch size, K), ``profile_cells``:
-for each batch size ``b`` it starts ``b`` long requests of its own (ids from
+Contract: ``await profile_engine(client, prompts, k_max, drafter_runs_model, grid=...)``
+drives the running engine through a ``ProfileGrid`` of (batch size, K) cells
+(``grid.cells``; default ``default_grid(k_max)``, this CPU's): for each batch size
+``b`` it starts ``b`` long requests of its own (ids from
 ``records.profile_request_id``, so the tap counts them in
 ``EngineStep.profiling_requests``) and, while they run, switches K live
 (``client.set_k``) from the highest K down to 0, keeping ``steps_per_cell``
@@ -11,17 +12,20 @@ acknowledged the switch and ``SETTLE_STEPS`` more), and up to twice as many
 where those spread by more than ``MAX_SPREAD`` around their median. K=0 comes
 last for each batch size: after a K=0 step an idle drafter's requests have a
 hole in the draft KV, and a K>0 cell after it would time their catch-up. The
-cells' median seconds per step become ``CostPoint``s and are fitted. The
-engine's previous policy is NOT restored: the caller applies the policy it
-wants afterwards.
+cells' median seconds per step become ``CostPoint``s and are fitted, their
+tokens padded up to ``grid.capture_sizes`` (CUDA graphs). The engine's previous
+policy is NOT restored: the caller applies the policy it wants afterwards.
 
-The default grid is small on purpose (batch sizes 1, 4, 16 x K 0, 1, 3: nine
-cells; 127 s for the packaged pair in a cold-starting app on 2 CPU cores of an
-AMD EPYC, 2026-12-01): the K policies read the fitted curve, not the cells
-(``CostModel.step_s``), and the curve's few parameters (a hinge in verified
+The grid comes from the machine (``profile_grid.config_profile_grid(config, platform)``,
+whose module says how): on a CPU it is small on purpose (batch sizes 1, 4, 16 x
+K 0, 1, 3: nine cells; 127 s for the packaged pair in a cold-starting app on 2 CPU
+cores of an AMD EPYC, 2026-12-01): the K policies read the fitted curve, not the
+cells (``CostModel.step_s``), and the curve's few parameters (a hinge in verified
 tokens, the drafter's passes) are pinned by these cells; K above 3 is priced by
 the fit's per-pass cost. The fit to these nine was within -12..+15 % of all 20
-cells of the old grid (docs/k-policies.md).
+cells of the old grid (docs/k-policies.md). On a GPU the batch sizes grow to
+``max_num_seqs`` (past the knee, hundreds of tokens per step) and sit on CUDA-graph
+capture sizes.
 
 The caller keeps everyone else's requests out while it runs (the engine service
 profiles before it says ready): a step of a profiling cell must hold profiling
@@ -32,12 +36,15 @@ Seconds per step are the tap's ``interval_s`` (end of one step to the end of
 the next): under continuous load that is the engine's step period, including
 vLLM's own scheduling and, for the draft-model method, the drafter's passes.
 
-Results are cached per (models, method, machine) in
-``~/.cache/spec-explorer/cost/`` so a restart does not profile again, with the
-acceptance per draft position that the profile's own drafts measured
-(``save_cached``/``load_cached_acceptance``): a later launch's K policies start
-from that measurement, not from a guess (under a guess of 0.5 the auto table
-chose K=0 at every batch size, and so never measured anything to correct it).
+Results are cached in ``~/.cache/spec-explorer/cost/``, one file per
+``config_cache_path(config, platform)``: models, method, dtype, k_max, reserved
+cores, idle drafter, device, vLLM build, effective eager mode, max_num_seqs,
+effective async scheduling, the chunked-prefill budget, and the host, so a restart
+does not profile again, with the acceptance per draft position that the profile's own
+drafts measured (``save_cached``/``load_cached_acceptance``): a later launch's K
+policies start from that measurement, not from a guess (under a guess of 0.5 the
+auto table chose K=0 at every batch size, and so never measured anything to correct
+it).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
+import platform as host
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -56,27 +63,22 @@ from statistics import median
 
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine.models import default_cache_dir
-from engine_adapter.engine_config import resolve_dtype
+from engine_adapter.engine.platform import Platform, cpu_name
+from engine_adapter.engine.server_args import async_scheduling, batched_tokens, eager
+from engine_adapter.engine_config import EngineConfig, resolve_dtype
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
+from engine_adapter.policy.profile_grid import DEFAULT_BATCH_SIZES as DEFAULT_BATCH_SIZES  # re-exported
+from engine_adapter.policy.profile_grid import ProfileGrid, default_grid
+from engine_adapter.policy.profile_grid import default_ks as default_ks  # re-exported
+from engine_adapter.policy.profile_grid import profile_cells as profile_cells  # re-exported
 from engine_adapter.records import EngineStep, profile_request_id
 
-DEFAULT_BATCH_SIZES = (1, 4, 16)
 STEPS_PER_CELL = 4  # the medians' samples: pure steps in a row under one K ...
 MAX_SPREAD = 0.1  # ... and as many again while their median absolute deviation exceeds 10 % of the median
 SETTLE_STEPS = 1  # steps skipped after a switch (a request's first decode); old-K proposals are filtered
 PROMPT_WORDS = 8  # profiling prompts are cut to this many words (``short_prompt``)
 PROFILE_VERSION = 4  # in the cache key: profiles saved the old way (3: no acceptance) are measured again
 ACCEPTANCE_KEY = "acceptance"  # in the cache file: {"accepted": [...], "reached": [...]} per draft position
-
-
-def default_ks(k_max: int) -> list[int]:
-    """The Ks profiled, highest first (K=0 last: see the module docstring); the fit prices the rest."""
-    return sorted({0, 1, min(3, k_max)}, reverse=True)
-
-
-def profile_cells(batch_sizes: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]:
-    """(batch size, K) in the order measured: batch sizes ascending, K descending within each."""
-    return [(b, k) for b in sorted(set(batch_sizes)) for k in sorted(set(ks), reverse=True)]
 
 
 def cell_weight(batch_size: int, k: int) -> float:
@@ -96,47 +98,46 @@ class ProfileProgress:
 
 
 def cache_path(key: dict) -> Path:
-    """One file per (models, method, dtype, machine, vLLM version)."""
-    key = key | {"cpus": os.cpu_count(), "machine": platform.machine(), "processor": _cpu_name()}
+    """One file per ``key`` and host (its cores, architecture and CPU)."""
+    key = key | {"cpus": os.cpu_count(), "machine": host.machine(), "processor": cpu_name()}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return default_cache_dir() / "cost" / f"{digest}.json"
 
 
-def config_cache_path(config) -> Path:
-    """The cache file for an ``EngineConfig``'s cost model (the app and the sweep share it)."""
+def config_cache_path(config: EngineConfig, platform: Platform) -> Path:
+    """The cache file for an ``EngineConfig``'s cost model on ``platform`` (the app and the sweep
+    share it): everything that changes a step's time, as the engine really runs it (eager mode
+    and async scheduling as the platform resolves them)."""
     return cache_path(
         {
             "target": config.target,
             "draft": config.draft if config.method == "draft" else None,
             "method": config.method,
-            "dtype": resolve_dtype(config.dtype),
+            "dtype": resolve_dtype(config.dtype, on_cpu=not platform.is_gpu),
             "k_max": config.k_max,
             "reserved_cpus": config.reserved_cpus,
-            "enforce_eager": config.enforce_eager,
-            "vllm": "0.32.0",
             "idle_drafter": config.drafter_idles,
+            "device": platform.device_name,
+            "vllm": platform.vllm_build,
+            "eager": eager(config, platform),
+            "max_num_seqs": config.max_num_seqs,
+            "async_scheduling": async_scheduling(config, platform),
+            "max_num_batched_tokens": batched_tokens(config, platform),
             "profile": PROFILE_VERSION,
         }
     )
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def load_cached(path: Path, drafter_runs_model: bool) -> CostModel | None:
-    """The measured cells kept at ``path``, fitted again (the fit may have changed, not the data)."""
+    """The measured cells kept at ``path``, fitted again (the fit may have changed, not the data)
+    with the capture sizes they were measured under."""
     try:
         saved = json.loads(path.read_text())
         saved.pop(ACCEPTANCE_KEY, None)
-        points = CostModel.from_dict(saved).points
-        return fit_cost_model(points, drafter_runs_model=drafter_runs_model) if points else None
+        kept = CostModel.from_dict(saved)
+        if not kept.points:
+            return None
+        return fit_cost_model(kept.points, drafter_runs_model=drafter_runs_model, capture_sizes=kept.capture_sizes)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -165,17 +166,11 @@ def save_cached(path: Path, model: CostModel, acceptance: PositionCounts | None 
     tmp.replace(path)
 
 
-def estimate_profile_s(
-    cost: CostModel,
-    k_max: int,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    steps_per_cell: int = STEPS_PER_CELL,
-) -> float:
-    """Seconds a profile of this grid takes by ``cost``'s own step times (the settling steps and
+def estimate_profile_s(cost: CostModel, grid: ProfileGrid, steps_per_cell: int = STEPS_PER_CELL) -> float:
+    """Seconds a profile of ``grid`` takes by ``cost``'s own step times (the settling steps and
     each batch's prefill, about 3 steps, included): what re-measuring keeps visitors waiting."""
-    ks = default_ks(k_max)
-    steps = sum((steps_per_cell + SETTLE_STEPS + 1) * _cell_s(cost, b, k) for b, k in profile_cells(batch_sizes, ks))
-    prefill = sum(3 * _cell_s(cost, b, ks[0]) for b in set(batch_sizes))
+    steps = sum((steps_per_cell + SETTLE_STEPS + 1) * _cell_s(cost, b, k) for b, k in grid.cells)
+    prefill = sum(3 * _cell_s(cost, b, grid.ks[0]) for b in set(grid.batch_sizes))
     return steps + prefill
 
 
@@ -199,21 +194,20 @@ async def profile_engine(
     k_max: int,
     drafter_runs_model: bool,
     *,
-    batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
-    ks: Sequence[int] | None = None,
+    grid: ProfileGrid | None = None,  # default: ``default_grid(k_max)``, this CPU's
     steps_per_cell: int = STEPS_PER_CELL,
     progress: Callable[[ProfileProgress], None] | None = None,
     cell_timeout_s: float = 240.0,  # a bound for a stuck engine; a first cell includes its batch's prefill
 ) -> CostModel:
     if client.tap is None or not client.live_policies:
         raise RuntimeError("profiling needs the scheduler tap and live K policies (EngineConfig.k_max)")
-    ks = sorted(set(ks if ks is not None else default_ks(k_max)), reverse=True)
-    cells = profile_cells(batch_sizes, ks)
-    meter = _Meter(cells, progress)
+    grid = grid or default_grid(k_max)
+    ks = sorted(set(grid.ks), reverse=True)
+    meter = _Meter(grid.cells, progress)
     observed: list[tuple[int, int, int, float]] = []
     q = client.tap.watch()
     try:
-        for b in sorted(set(batch_sizes)):
+        for b in sorted(set(grid.batch_sizes)):
             await client.set_k(ks[0])  # before the requests start: they draft from their first decode
             batch = _Batch(client, prompts, cell_max_tokens(ks, steps_per_cell), b)
             try:
@@ -227,7 +221,8 @@ async def profile_engine(
     finally:
         client.tap.unwatch(q)
     meter.report("fitting the cost model", observed, done=True)
-    return fit_cost_model(points_from_steps(observed, min_samples=3), drafter_runs_model=drafter_runs_model)
+    points = points_from_steps(observed, min_samples=3)
+    return fit_cost_model(points, drafter_runs_model=drafter_runs_model, capture_sizes=grid.capture_sizes)
 
 
 class _Batch:

@@ -6,8 +6,9 @@ can resume drafting at any moment (measured: K = 0 did not give the draft
 model's cost back, docs/k-policies.md; on this CPU it cost 25-30 % against no speculation). This
 module trades that readiness for the cost, and buys it back when drafting pays again:
 
-- the worker (``IdleDrafterWorker``, loaded inside vLLM's worker process with
-  ``--worker-cls`` ``paths.IDLE_DRAFTER_WORKER``) skips the drafter's forward pass
+- the worker (``IdleDrafterMixin`` in the platform's worker class, ``workers_cpu.py`` or
+  ``workers_gpu.py``, loaded inside vLLM's worker process with ``--worker-cls``
+  ``paths.worker_class_path(platform, idle_drafter=True)``) skips the drafter's forward pass
   whenever the step asks for 0 draft tokens, returning the same empty
   ``(batch, 0)`` proposal vLLM returns after that pass, and writes zeros into the
   draft model's KV cache at the slots it skipped (``zero_kv_slots``, with each
@@ -32,7 +33,11 @@ Where vLLM 0.32 takes these inputs and why the rewrite has this shape:
 target's hidden states at the missed positions, which nobody kept, so its holes
 are never planned (the scheduler plans only for draft models).
 
-This module pins vLLM internals (tested with vllm 0.32.0): the model runner's
+The mixin refuses to start on a model runner without a ``drafter`` (vLLM's Model Runner V2 has a
+``speculator`` instead, which it never wraps): an idle drafter that silently wraps nothing would
+show K=0 steps that still pay the draft model's cost.
+
+This module pins vLLM internals (tested with vllm 0.32.0, Model Runner V1): the model runner's
 ``drafter.propose(num_speculative_tokens=..., target_token_ids=...,
 target_positions=..., common_attn_metadata=..., ...)`` (all by keyword),
 ``model_runner.propose_draft_token_ids(scheduler_output, ...)`` and
@@ -48,8 +53,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from vllm.model_executor.layers.attention.attention import Attention
-from vllm.platforms import current_platform
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 from engine_adapter.vllm_plugin.catch_up import (
     APPLIED_ATTR,
@@ -59,12 +62,7 @@ from engine_adapter.vllm_plugin.catch_up import (
     MissedRange,
     prepend_catch_up,
 )
-from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
-
-if current_platform.is_cpu():
-    from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
-else:
-    from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
+from engine_adapter.vllm_plugin.side_channel import attach
 
 logger = logging.getLogger("vllm").getChild("idle_drafter")  # vLLM's handlers print it in its log
 
@@ -217,9 +215,25 @@ def plan_from_scheduler_output(model_runner, step: StepCatchUp) -> None:
     model_runner.propose_draft_token_ids = with_plan
 
 
-class IdleDrafterWorker(AcceptanceRuleMixin, _PlatformWorker):
-    """The platform's vLLM worker, with the drafter idle at K = 0 (see the module docstring) and
-    the acceptance rules (``lossy_sampler.py``: vLLM takes one worker class)."""
+def model_drafter(model_runner, spec) -> object | None:
+    """The drafter the idle drafter wraps: vLLM's V1 ``model_runner.drafter`` for a draft model or an
+    EAGLE head; None where there is nothing to idle (no speculation, ngram, suffix). RuntimeError
+    for a runner that drafts with a model but has no ``drafter`` (Model Runner V2's ``speculator``)."""
+    if spec is None or not (spec.uses_draft_model() or spec.use_eagle()):
+        return None
+    drafter = getattr(model_runner, "drafter", None)
+    if drafter is None or not callable(getattr(drafter, "propose", None)):
+        runner = type(model_runner).__name__
+        raise RuntimeError(
+            f"idle drafter: vLLM's model runner ({runner}) has no drafter with a propose() to wrap "
+            "(Model Runner V2 has a speculator instead); start vLLM with VLLM_USE_V2_MODEL_RUNNER=0"
+        )
+    return drafter
+
+
+class IdleDrafterMixin:
+    """Mixed in before ``lossy_sampler.AcceptanceRuleMixin`` and the platform's vLLM worker (see the
+    module docstring and ``workers_cpu.py``/``workers_gpu.py``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -228,10 +242,8 @@ class IdleDrafterWorker(AcceptanceRuleMixin, _PlatformWorker):
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
-        drafter = getattr(self.model_runner, "drafter", None)
-        spec = self.vllm_config.speculative_config
-        # model drafters only, by vLLM's own test (an ngram drafter costs nothing at K=0)
-        if drafter is not None and spec is not None and (spec.uses_draft_model() or spec.use_eagle()):
+        drafter = model_drafter(self.model_runner, self.vllm_config.speculative_config)
+        if drafter is not None:  # model drafters only (an ngram drafter costs nothing at K=0)
             skip_at_zero(drafter, self.model_runner, self._catch_up)
             plan_from_scheduler_output(self.model_runner, self._catch_up)
             self._wrapped = True
@@ -241,12 +253,18 @@ class IdleDrafterWorker(AcceptanceRuleMixin, _PlatformWorker):
         step = self._catch_up
         step.applied, step.zeroed, step.proposed = {}, False, False
         out = super().sample_tokens(grammar_output)
-        if isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT:
-            if step.applied:
-                setattr(out, APPLIED_ATTR, dict(step.applied))  # pickled back to the scheduler
-            if step.zeroed:
-                setattr(out, ZEROED_ATTR, True)
-            if self._wrapped and out.req_ids and not step.proposed:
-                setattr(out, PASS_SKIPPED_ATTR, True)  # nobody's draft KV was written, nor blanked
+        applied, zeroed, skipped = dict(step.applied), step.zeroed, self._wrapped and not step.proposed
         step.applied, step.zeroed, step.proposed = {}, False, False
-        return out
+        return attach(out, lambda output: catch_up_report(output, applied, zeroed, skipped))
+
+
+def catch_up_report(output, applied: dict[str, int], zeroed: bool, skipped: bool) -> dict:
+    """The step's catch-up attributes for the scheduler (pickled back with the output)."""
+    attributes: dict = {}
+    if applied:
+        attributes[APPLIED_ATTR] = applied
+    if zeroed:
+        attributes[ZEROED_ATTR] = True
+    if skipped and output.req_ids:
+        attributes[PASS_SKIPPED_ATTR] = True  # nobody's draft KV was written, nor blanked
+    return attributes

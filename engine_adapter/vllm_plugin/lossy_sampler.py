@@ -1,7 +1,8 @@
-"""The acceptance rule inside vLLM's worker: vLLM's rejection sampler, then the lossy rule.
+"""The acceptance rule inside vLLM's worker: vLLM's rejection sampler, then the lossy rule; and the
+exact drafts it verified, reported back.
 
-Contract: ``AcceptanceRuleMixin`` goes before vLLM's platform worker: ``AcceptanceRuleWorker``
-(``--worker-cls`` ``paths.ACCEPTANCE_RULE_WORKER``) and ``idle_drafter.IdleDrafterWorker``. At
+Contract: ``AcceptanceRuleMixin`` goes before vLLM's platform worker in every worker class of the
+plugin (``workers_cpu.py``, ``workers_gpu.py``; ``--worker-cls`` from ``paths.worker_class_path``). At
 ``load_model`` it replaces the module attribute ``rejection_sample`` of
 ``vllm.v1.sample.rejection_sampler`` (looked up by name at every call, DESIGN.md section 7)
 with a wrapper that always runs vLLM's own function first; under ``lossless`` that result is
@@ -15,6 +16,11 @@ back on the ``ModelRunnerOutput`` as ``RELAXED_ATTR``: request id -> [[draft pos
 target's own token, p(draft), p(target's token)], ...], pickled to the scheduler's process.
 A failure in the lossy rule never stops the engine: the step keeps vLLM's lossless rows.
 
+The same wrapper captures the draft ids the sampler verified (``side_channel.VerifiedDrafts``)
+and ``sample_tokens`` hands them back as ``side_channel.VERIFIED_ATTR``: request id -> ids. The
+scheduler's own copy is a ``-1`` placeholder under async scheduling; this one is exact on every
+platform and in every mode.
+
 This module pins vLLM internals (tested with vllm 0.32.0).
 """
 
@@ -25,16 +31,10 @@ import logging
 from dataclasses import dataclass, field
 
 import vllm.v1.sample.rejection_sampler as rejection_sampler_module
-from vllm.platforms import current_platform
-from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.vllm_plugin.acceptance_rules import RELAXED_ATTR, RULE_ATTR, RelaxedToken, relax_rows
-
-if current_platform.is_cpu():
-    from vllm.v1.worker.cpu_worker import CPUWorker as _PlatformWorker
-else:
-    from vllm.v1.worker.gpu_worker import Worker as _PlatformWorker
+from engine_adapter.vllm_plugin.side_channel import VERIFIED_ATTR, VerifiedDrafts, attach
 
 logger = logging.getLogger("vllm").getChild("acceptance_rule")
 
@@ -47,6 +47,7 @@ class RuleStep:
 
     rule: AcceptanceRule = LOSSLESS
     relaxed: dict[int, list[RelaxedToken]] = field(default_factory=dict)
+    verified: VerifiedDrafts | None = None  # the drafts the sampler verified, the step in progress
     failed: int = 0
 
 
@@ -66,6 +67,10 @@ def rule_aware(original, step: RuleStep):
         draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
         bonus_token_ids, sampling_metadata, *args, **kwargs,
     ):  # fmt: skip
+        try:
+            step.verified = VerifiedDrafts.capture(draft_token_ids, num_draft_tokens)
+        except Exception:  # never stop the engine: the tap then publishes counts, not ids
+            step.verified = None
         out = original(
             draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs, target_logits,
             bonus_token_ids, sampling_metadata, *args, **kwargs,
@@ -126,18 +131,27 @@ class AcceptanceRuleMixin:
 
     def sample_tokens(self, grammar_output):
         step = self._rule_step
-        step.relaxed = {}
+        step.relaxed, step.verified = {}, None
         out = super().sample_tokens(grammar_output)
-        if step.relaxed and isinstance(out, ModelRunnerOutput) and out is not EMPTY_MODEL_RUNNER_OUTPUT:
-            rows = {
-                out.req_ids[r]: [[t.position, t.target_id, t.p_draft, t.p_target] for t in tokens]
-                for r, tokens in step.relaxed.items()
-                if r < len(out.req_ids)
-            }
-            setattr(out, RELAXED_ATTR, rows)  # pickled back to the scheduler
-        step.relaxed = {}
-        return out
+        relaxed, verified = step.relaxed, step.verified
+        step.relaxed, step.verified = {}, None
+        if not relaxed and verified is None:
+            return out
+        return attach(out, lambda output: report(output.req_ids, relaxed, verified))
 
 
-class AcceptanceRuleWorker(AcceptanceRuleMixin, _PlatformWorker):
-    """The platform's vLLM worker with the acceptance rules (for engines whose drafter never idles)."""
+def report(req_ids: list[str], relaxed: dict[int, list[RelaxedToken]], verified: VerifiedDrafts | None) -> dict:
+    """The step's side-channel attributes for the scheduler (pickled back with the output)."""
+    attributes: dict = {}
+    if relaxed:
+        attributes[RELAXED_ATTR] = {
+            req_ids[r]: [[t.position, t.target_id, t.p_draft, t.p_target] for t in tokens]
+            for r, tokens in relaxed.items()
+            if r < len(req_ids)
+        }
+    if verified is not None:
+        try:
+            attributes[VERIFIED_ATTR] = verified.by_request(req_ids)
+        except Exception:  # counts that do not add up, a failed copy: no report, the tap publishes counts
+            pass
+    return attributes

@@ -1,12 +1,14 @@
 """The dotted class paths vLLM is handed to load the plugin, without importing vLLM.
 
-Contract: ``scheduler_class_path(async_scheduling)`` is the ``--scheduler-cls`` of
-the scheduler tap, ``IDLE_DRAFTER_WORKER`` the ``--worker-cls`` of the idle
-drafter (acceptance rules included) and ``ACCEPTANCE_RULE_WORKER`` that of an engine
-with the acceptance rules alone. The app's process never imports vLLM (it would cost seconds and memory
-at every start), so the paths are written here once; ``tests/unit`` resolves each
-with vLLM's own resolver and checks it names the class it is meant to
-(``class_path(cls)`` of the class itself).
+Contract: ``scheduler_class_path(async_scheduling)`` is the ``--scheduler-cls`` of the
+scheduler tap; ``worker_class_path(platform_kind, idle_drafter)`` the ``--worker-cls``:
+the platform's worker with the acceptance rules and the exact-drafts report
+(``lossy_sampler.py``), and with the idle drafter too (``idle_drafter.py``) when asked.
+There is one worker class per platform (``workers_cpu.py``, ``workers_gpu.py``), chosen
+here by the platform the launch names, never at import time. The app's process never
+imports vLLM (it would cost seconds and memory at every start), so the paths are written
+here once; ``tests/unit`` resolves each with vLLM's own resolver and checks it names the
+class it is meant to (``class_path(cls)`` of the class itself).
 """
 
 from __future__ import annotations
@@ -15,8 +17,15 @@ _PACKAGE = __name__.rsplit(".", 1)[0]  # engine_adapter.vllm_plugin
 
 TAP_SCHEDULER = f"{_PACKAGE}.schedulers.TapScheduler"
 TAP_ASYNC_SCHEDULER = f"{_PACKAGE}.schedulers.TapAsyncScheduler"
-IDLE_DRAFTER_WORKER = f"{_PACKAGE}.idle_drafter.IdleDrafterWorker"  # with the acceptance rules too
-ACCEPTANCE_RULE_WORKER = f"{_PACKAGE}.lossy_sampler.AcceptanceRuleWorker"
+# platform kind ("cpu", "cuda") -> worker class path
+VERIFIER_WORKERS = {
+    "cpu": f"{_PACKAGE}.workers_cpu.CPUVerifierWorker",
+    "cuda": f"{_PACKAGE}.workers_gpu.GPUVerifierWorker",
+}
+IDLE_DRAFTER_WORKERS = {
+    "cpu": f"{_PACKAGE}.workers_cpu.CPUIdleDrafterWorker",
+    "cuda": f"{_PACKAGE}.workers_gpu.GPUIdleDrafterWorker",
+}
 
 
 def class_path(cls: type) -> str:
@@ -26,3 +35,13 @@ def class_path(cls: type) -> str:
 
 def scheduler_class_path(async_scheduling: bool) -> str:
     return TAP_ASYNC_SCHEDULER if async_scheduling else TAP_SCHEDULER
+
+
+def worker_class_path(platform_kind: str, idle_drafter: bool) -> str:
+    """The ``--worker-cls`` for a platform ("cpu" or "cuda"); KeyError for any other."""
+    return (IDLE_DRAFTER_WORKERS if idle_drafter else VERIFIER_WORKERS)[platform_kind]
+
+
+def is_idle_drafter_worker(worker_cls: object) -> bool:
+    """Whether vLLM's ``parallel_config.worker_cls`` names one of the idle-drafter workers."""
+    return worker_cls in IDLE_DRAFTER_WORKERS.values()

@@ -55,7 +55,7 @@ from engine_adapter.vllm_plugin.catch_up import (
     select_within_budget,
     update_missed,
 )
-from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER
+from engine_adapter.vllm_plugin.paths import is_idle_drafter_worker
 from engine_adapter.vllm_plugin.wire import (
     CATCH_UP_TOKENS_ENV,
     CONTROL_ADDR_ENV,
@@ -86,7 +86,7 @@ class PolicyHooksMixin:
         self._decisions: dict[int, list] = {}  # id(scheduler_output) -> the auction's decision
         # requests whose draft model skipped their tokens at a K=0 step (idle_drafter.py):
         # its cache has a hole for them (what that means for their drafts: ``_hole``)
-        self._idle_drafter = self.vllm_config.parallel_config.worker_cls == IDLE_DRAFTER_WORKER
+        self._idle_drafter = is_idle_drafter_worker(self.vllm_config.parallel_config.worker_cls)
         self._missed: dict[str, Missed] = {}
         # requests whose hole may hold another request's draft KV: a K=0 step of theirs whose slots the
         # worker did not report blanked (ZEROED_ATTR); they never draft across it, only after a catch-up

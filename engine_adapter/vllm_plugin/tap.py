@@ -6,9 +6,19 @@ engine step on a ZMQ PUB socket:
 
 - ``schedule()``: remembers when the step started;
 - ``update_from_output()``: after vLLM has processed the step, reads per request
-  the draft ids that were verified (``scheduled_spec_decode_tokens``), the ids
-  the target sampled (accepted drafts + 1, before any stop truncation) and the
-  ids actually appended to the output (``EngineCoreOutput.new_token_ids``).
+  the draft ids the worker verified (``side_channel.VERIFIED_ATTR`` on the worker's
+  output; where the worker sent none, only their count, from
+  ``scheduled_spec_decode_tokens``: under async scheduling the scheduler's copies are
+  ``-1`` placeholders, so they are never published as ids), the ids the target sampled
+  (accepted drafts + 1, before any stop truncation) and the ids actually appended to the
+  output (``EngineCoreOutput.new_token_ids``).
+
+Async scheduling (vLLM's default on a GPU; its CPU platform forces it off) schedules step
+N+1 before step N's output is processed: a request that finishes in N is scheduled once
+more in N+1, and vLLM's ``update_from_output`` skips it there. The tap skips exactly the
+requests vLLM skips (``unprocessed``), so its counts keep equalling vLLM's metrics, and
+each message carries the count of control commands applied when ITS step was scheduled
+(not when it was published), so an acknowledgement is never read one step early.
 
 Without the address it behaves exactly as vLLM's scheduler. Publishing never
 blocks the engine: if no reader keeps up, messages are dropped and counted. The
@@ -34,6 +44,7 @@ import traceback
 
 import zmq
 
+from engine_adapter.vllm_plugin.side_channel import VERIFIED_ATTR
 from engine_adapter.vllm_plugin.wire import TAP_ADDR_ENV, encode_step
 
 HOUSEKEEPING_STEPS = 256  # every this many published steps, forget requests vLLM no longer holds
@@ -54,6 +65,7 @@ class StepPublisher:
         # id(scheduler_output) -> perf_counter at schedule() start; async
         # scheduling keeps up to two steps in flight.
         self.started: dict[int, float] = {}
+        self.controls_at: dict[int, int] = {}  # id(scheduler_output) -> control commands applied when scheduled
         self.policy_s = 0.0  # time in control commands and the auction since the last publish
 
     def publish(self, payload: bytes) -> None:
@@ -66,11 +78,37 @@ class StepPublisher:
         self._sock.close(0)
 
 
+def unprocessed(scheduler_output, requests: dict) -> set[str]:
+    """The step's requests that vLLM's ``Scheduler.update_from_output`` skips (vllm 0.32): gone or
+    finished before it runs (async scheduling schedules a request once more after the step that
+    finishes it), or whose stale output after a preemption it drops. Read before vLLM's update."""
+    skipped = set()
+    for rid in scheduler_output.num_scheduled_tokens:
+        r = requests.get(rid)
+        if r is None or r.is_finished() or (r.num_stale_output_tokens > 0 and r.drop_stale_output):
+            skipped.add(rid)
+    return skipped
+
+
+def exact_drafts(verified: dict | None, req_id: str, num_drafted: int) -> list[int] | None:
+    """The draft ids the worker verified for a request, [num_drafted]; [] for none; None where the
+    worker's report is missing or does not match vLLM's count (the count is then all that is known)."""
+    if not num_drafted:
+        return []
+    ids = verified.get(req_id) if verified is not None else None
+    return list(ids) if ids is not None and len(ids) == num_drafted else None
+
+
 class TapMixin:
     """Mixed in before a vLLM scheduler class; see the module docstring."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        if getattr(self, "use_v2_model_runner", False):  # vLLM's Scheduler sets it from the config
+            raise RuntimeError(
+                "the explorer's plugin needs vLLM's Model Runner V1 (its worker hooks the V1 drafter and "
+                "rejection sampler): start vLLM with VLLM_USE_V2_MODEL_RUNNER=0"
+            )
         addr = os.environ.get(TAP_ADDR_ENV)
         self._tap = StepPublisher(addr) if addr else None
         self._controls_applied = 0
@@ -117,6 +155,7 @@ class TapMixin:
         out = super().schedule(*args, **kwargs)
         if self._tap is not None:
             self._tap.started[id(out)] = t0
+            self._tap.controls_at[id(out)] = self._controls_applied  # the policy half applied them before
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
@@ -128,10 +167,12 @@ class TapMixin:
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         num_sampled = {rid: len(sampled[i]) for rid, i in index.items()} if sampled else {}
+        skipped = unprocessed(scheduler_output, self.requests)
         pre_s = time.perf_counter() - t_pre
         result = super().update_from_output(scheduler_output, model_runner_output)
         try:
-            self._publish(scheduler_output, num_sampled, t_pre, pre_s, result)
+            verified = getattr(model_runner_output, VERIFIED_ATTR, None)
+            self._publish(scheduler_output, num_sampled, t_pre, pre_s, result, skipped, verified)
         except Exception:  # an observer must never stop the engine; the gap shows as lost steps
             tap.dropped += 1
             if tap.dropped == 1:  # say why once, in vLLM's log
@@ -144,9 +185,11 @@ class TapMixin:
         super().shutdown()
 
     # --- the message ----------------------------------------------------------
-    def _request_rows(self, scheduler_output, num_sampled: dict[str, int], result) -> list[list]:
+    def _request_rows(
+        self, scheduler_output, num_sampled: dict[str, int], result, skipped: set[str], verified: dict | None
+    ) -> list[list]:
         """[engine_request_id, drafted, accepted, emitted, finish_reason, num_prompt_tokens, drafter_idle,
-        caught_up, drafted_across, relaxed] per scheduled request (``wire.py``)."""
+        caught_up, drafted_across, relaxed, num_drafted] per request vLLM processed (``wire.py``)."""
         # ids appended to each request's output this step, after stop checks
         emitted: dict[str, tuple[list[int], str | None]] = {}
         for outs in result.values():
@@ -156,33 +199,39 @@ class TapMixin:
         spec = scheduler_output.scheduled_spec_decode_tokens
         rows = []
         for req_id in scheduler_output.num_scheduled_tokens:
-            drafted = spec.get(req_id) or []
+            if req_id in skipped:
+                continue
+            num_drafted = len(spec.get(req_id) or ())  # vLLM's count (async: of placeholders)
+            drafted = exact_drafts(verified, req_id, num_drafted)
             n_sampled = num_sampled.get(req_id, 0)
             # vLLM's own rule (Scheduler.update_from_output): accepted =
             # sampled - 1, counted only when drafts were verified and sampled.
-            accepted = max(n_sampled - 1, 0) if (drafted and n_sampled) else 0
+            accepted = max(n_sampled - 1, 0) if (num_drafted and n_sampled) else 0
             ids, reason = emitted.get(req_id, ([], None))
             relaxed = self._relaxed(req_id)
             # the estimators learn the lossless verdict: every draft before the first relaxed one was
             # kept by vLLM's own rule, and that one was rejected by it
             lossless = min(accepted, relaxed[0][0] - 1) if relaxed else accepted
-            idle = self._observe_request(req_id, len(drafted), lossless, reason is not None)
+            idle = self._observe_request(req_id, num_drafted, lossless, reason is not None)
             request = self.requests.get(req_id)
             n_prompt = request.num_prompt_tokens if request is not None else 0
-            across = bool(drafted) and self._drafted_across(req_id)
+            across = bool(num_drafted) and self._drafted_across(req_id)
             caught_up = self._caught_up(req_id)
-            rows.append([req_id, list(drafted), accepted, ids, reason, n_prompt, idle, caught_up, across, relaxed])
+            rows.append(
+                [req_id, drafted, accepted, ids, reason, n_prompt, idle, caught_up, across, relaxed, num_drafted]
+            )
         return rows
 
-    def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result) -> None:
+    def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result, skipped, verified) -> None:
         tap = self._tap
         t_in = time.perf_counter()
         start = tap.started.pop(id(scheduler_output), t_pre)
+        controls = tap.controls_at.pop(id(scheduler_output), self._controls_applied)
         decision = self._step_decision(scheduler_output)
         num_scheduled = scheduler_output.num_scheduled_tokens
         if not num_scheduled:
             return  # an empty step: nothing ran
-        reqs = self._request_rows(scheduler_output, num_sampled, result)
+        reqs = self._request_rows(scheduler_output, num_sampled, result, skipped, verified)
         if tap.seq % HOUSEKEEPING_STEPS == 0:  # requests aborted by their client never report a finish
             self._forget_gone()
         now = time.monotonic()
@@ -198,7 +247,7 @@ class TapMixin:
             tap.last_tap_s,
             tap.dropped,
             reqs,
-            self._controls_applied,
+            controls,
             decision,
             self._rule_name(scheduler_output),
         )

@@ -22,7 +22,10 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 - dropped:     messages dropped so far because no reader kept up
 - reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
                finish_reason_or_None, num_prompt_tokens, drafter_idle, caught_up,
-               drafted_across, relaxed]
+               drafted_across, relaxed, num_drafted]
+               (drafted_ids: the ids the worker verified, exact, or None where it
+               sent none (then num_drafted is all that is known; never a
+               placeholder); num_drafted: vLLM's count of drafts verified);
                (drafter_idle: the draft model has a hole for this request, from a
                K=0 step it skipped: no drafts for it until caught up, or drafts
                made across the hole once it outgrew the catch-up budget;
@@ -64,7 +67,7 @@ DEFAULT_CATCH_UP_TOKENS = 128  # a long prompt's draft prefill: about 1.3-1.9 s 
 @dataclass(frozen=True, slots=True)
 class TapRequestStep:
     engine_request_id: str
-    drafted: list[int]  # draft ids verified this step, [K_eff]; [] = no draft
+    drafted: list[int] | None  # draft ids verified this step, [K_eff]; [] = no draft; None = count only
     accepted: int  # drafts the target kept, 0..len(drafted)
     emitted: list[int]  # ids appended to the output (accepted + 1, or fewer at a stop)
     finish_reason: str | None
@@ -74,6 +77,13 @@ class TapRequestStep:
     drafted_across: bool = False  # the drafts verified this step were made across a hole (blank tokens)
     # drafts kept only by a lossy rule: [[position (1-based), target's token, p(draft), p(target's token)]]
     relaxed: list = field(default_factory=list)
+    num_drafted: int = -1  # drafts verified this step; -1 (the default) = len(drafted)
+
+    def __post_init__(self) -> None:
+        if self.num_drafted < 0:
+            object.__setattr__(self, "num_drafted", len(self.drafted or ()))
+        elif self.drafted is not None and len(self.drafted) != self.num_drafted:
+            raise ValueError(f"{len(self.drafted)} draft ids for num_drafted={self.num_drafted}")
 
 
 @dataclass(frozen=True, slots=True)

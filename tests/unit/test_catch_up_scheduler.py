@@ -26,7 +26,7 @@ from engine_adapter.vllm_plugin.catch_up import (  # noqa: E402
     ZEROED_ATTR,
     Missed,
 )
-from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKER  # noqa: E402
+from engine_adapter.vllm_plugin.paths import IDLE_DRAFTER_WORKERS  # noqa: E402
 from engine_adapter.vllm_plugin.policy_hooks import PolicyHooksMixin  # noqa: E402
 from engine_adapter.vllm_plugin.tap import TapMixin  # noqa: E402
 from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV  # noqa: E402
@@ -71,7 +71,7 @@ class ScriptedScheduler:
 
     def __init__(self, max_num_batched_tokens: int = 256) -> None:
         self.vllm_config = SimpleNamespace(
-            parallel_config=SimpleNamespace(worker_cls=IDLE_DRAFTER_WORKER),
+            parallel_config=SimpleNamespace(worker_cls=IDLE_DRAFTER_WORKERS["cpu"]),
             speculative_config=SimpleNamespace(uses_draft_model=lambda: True, max_num_new_slots_for_drafting=1),
         )
         self.scheduler_config = SimpleNamespace(max_num_seqs=8, max_num_batched_tokens=max_num_batched_tokens)

