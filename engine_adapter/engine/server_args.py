@@ -15,7 +15,9 @@ CPU: eager mode unless compiling is asked for; the KV cache is sized by the envi
 (``launcher.engine_env``). CUDA: the KV cache by ``--kv-cache-memory-bytes`` (vLLM would
 otherwise take 92 % of the GPU's memory; ``--gpu-memory-utilization`` is what is free, at most 0.92, since
 vLLM checks that much is free at start), CUDA graphs unless eager is asked for, captured at
-``platform.cuda_graph_capture_sizes`` (every K up to num_speculative_tokens stays on them).
+``platform.cuda_graph_capture_sizes`` (every K up to num_speculative_tokens stays on them); with a K
+table (live policies) PIECEWISE, said explicitly: vLLM 0.32's V1 runner turns full graphs off under
+dynamic speculative decoding anyway.
 """
 
 from __future__ import annotations
@@ -76,12 +78,27 @@ def async_scheduling(config: EngineConfig, platform: Platform) -> bool:
     return platform.async_scheduling(config.async_scheduling)
 
 
+def dynamic_k(config: EngineConfig) -> bool:
+    """Whether vLLM is given a batch-size -> K table (live policies): its K varies step by step."""
+    return speculative_config(config, None) is not None and (config.k_table is not None or config.k_max is not None)
+
+
 def capture_sizes(config: EngineConfig, platform: Platform) -> list[int]:
     """The CUDA-graph capture sizes (tokens) the engine is started with; [] where it runs eager."""
     if not platform.is_gpu or eager(config, platform):
         return []
     tokens = batched_tokens(config, platform)
-    return cuda_graph_capture_sizes(config.max_num_seqs, config.num_speculative_tokens, tokens)
+    full = config.num_speculative_tokens > 0 and not dynamic_k(config)
+    return cuda_graph_capture_sizes(config.max_num_seqs, config.num_speculative_tokens, tokens, full)
+
+
+def compilation_config(config: EngineConfig, platform: Platform) -> dict[str, Any]:
+    """``--compilation-config`` on a GPU with CUDA graphs: the capture sizes, and PIECEWISE graphs
+    where K varies (vLLM 0.32's V1 runner would override FULL to it, with a warning)."""
+    out: dict[str, Any] = {"cudagraph_capture_sizes": capture_sizes(config, platform)}
+    if dynamic_k(config):
+        out["cudagraph_mode"] = "PIECEWISE"
+    return out
 
 
 def _platform_args(config: EngineConfig, platform: Platform) -> list[str]:
@@ -95,7 +112,7 @@ def _platform_args(config: EngineConfig, platform: Platform) -> list[str]:
     if eager(config, platform):
         args.append("--enforce-eager")
     elif platform.is_gpu:
-        args += ["--compilation-config", json.dumps({"cudagraph_capture_sizes": capture_sizes(config, platform)})]
+        args += ["--compilation-config", json.dumps(compilation_config(config, platform))]
     return args
 
 

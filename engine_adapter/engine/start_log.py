@@ -27,7 +27,7 @@ ProgressFn = Callable[[StartProgress], None]
 # log line fragment -> (stage, fraction, message); vLLM's own log, in the order it logs them.
 # A start reports each one it finds, in this order, and skips those its platform never logs
 # (``_wait_ready``): "Warming up model" is the CPU runner's, the CUDA graphs the GPU runner's
-# (``v1/worker/gpu_model_runner.py``: a progress bar "Capturing CUDA graphs (decode, FULL)",
+# (``v1/worker/gpu_model_runner.py``: a progress bar "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE)",
 # then "Graph capturing finished in N secs"), both after the KV cache is allocated and before
 # the engine core's "init engine (profile, create kv cache, warmup model) took".
 _MILESTONES = (

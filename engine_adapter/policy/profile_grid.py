@@ -74,8 +74,8 @@ def profile_grid(
 
     Where steps are padded to CUDA-graph ``capture_sizes`` (tokens) the grid keeps them, for the
     fit: a cell's step time is that of the captured size it is padded up to. Under
-    ``cuda_graph_capture_sizes`` (every multiple of k_max + 1 up to 512 tokens, since vLLM 0.32
-    rounds every size up to one) a step is padded by at most k_max tokens, so the cells stay at
+    ``cuda_graph_capture_sizes`` (n x (K+1) for every K at vLLM's batch sizes, and every 8th size
+    up to 512 tokens) a step is padded by at most 7 tokens up to 512, so the cells stay at
     the geometric sizes, max_num_seqs included, rather than move onto exact graph sizes.
 
     Cost on a GPU: |ks| (4 for k_max >= 4) x (1 + ceil(log4 max_num_seqs)) batch sizes: 16 cells

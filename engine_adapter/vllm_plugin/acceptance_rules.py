@@ -119,7 +119,8 @@ def _lossless_keeps(
     if greedy:
         return draft == int(v.top[j])
     q = 1.0 if draft_probs is None else float(draft_probs[j, draft])
-    u = float(torch.rand((), generator=gen))
+    device = gen.device if gen is not None else "cpu"  # a request's generator is a CUDA one on a GPU
+    u = float(torch.rand((), generator=gen, device=device))
     return q > 0 and u < min(1.0, float(v.p_draft[j]) / q)
 
 

