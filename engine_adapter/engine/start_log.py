@@ -52,6 +52,12 @@ _GPU_MEMORY_ADVICE = (
 # {port}, {kv} (kv_cache_gib), {seqs} (max_num_seqs), {device} (the platform's device name).
 _FAILURES = (
     ("Address already in use", "port {port} on 127.0.0.1 is already taken by another program"),
+    # the tap's own refusal (vllm_plugin/tap.py): vLLM chose Model Runner V2 despite the launch's pin
+    (
+        "the explorer's plugin needs vLLM's Model Runner V1",
+        "vLLM chose its Model Runner V2 (VLLM_USE_V2_MODEL_RUNNER=1 set by hand, or a feature that needs V2), "
+        "which the explorer's plugin does not hook; the explorer needs V1: unset it, or drop that feature",
+    ),
     # torch: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate ..."
     ("CUDA out of memory", "the GPU ({device}) ran out of memory; " + _GPU_MEMORY_ADVICE),
     ("torch.OutOfMemoryError", "the GPU ({device}) ran out of memory; " + _GPU_MEMORY_ADVICE),

@@ -68,7 +68,7 @@ class VerifiedDrafts:
             return cls(draft_token_ids.detach().to("cpu", copy=True), counts)
         host = torch.empty(draft_token_ids.shape, dtype=draft_token_ids.dtype, pin_memory=True)
         host.copy_(draft_token_ids, non_blocking=True)
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event(blocking=True)  # as vLLM's own copies: wait without spinning
         ready.record()
         return cls(host, counts, ready)
 

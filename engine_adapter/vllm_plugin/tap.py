@@ -81,7 +81,9 @@ class StepPublisher:
 def unprocessed(scheduler_output, requests: dict) -> set[str]:
     """The step's requests that vLLM's ``Scheduler.update_from_output`` skips (vllm 0.32): gone or
     finished before it runs (async scheduling schedules a request once more after the step that
-    finishes it), or whose stale output after a preemption it drops. Read before vLLM's update."""
+    finishes it), or whose stale output after a preemption it drops. Read before vLLM's update.
+    Not mirrored: vLLM's skip of requests whose KV load failed, which needs a KV connector (the
+    explorer never configures one)."""
     skipped = set()
     for rid in scheduler_output.num_scheduled_tokens:
         r = requests.get(rid)

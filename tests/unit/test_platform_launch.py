@@ -465,6 +465,12 @@ def test_failures_are_explained_in_words(log, platform, says):
         assert phrase in why
 
 
+def test_the_plugins_refusal_of_model_runner_v2_is_explained():
+    log = "RuntimeError: the explorer's plugin needs vLLM's Model Runner V1 (its worker hooks ...)\n"
+    why = explain_failure(log, EngineConfig(), CUDA, 1)
+    assert why is not None and "Model Runner V2" in why and "VLLM_USE_V2_MODEL_RUNNER" in why
+
+
 @pytest.mark.parametrize(
     "log",
     [
