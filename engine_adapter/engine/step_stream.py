@@ -157,7 +157,9 @@ async def steps_from_tap(
 async def steps_from_chunks(
     tokenizer: PreTrainedTokenizerBase, k_hint: int, wake: asyncio.Queue, text: IncrementalText
 ) -> AsyncIterator[Step]:
-    # Live view without the tap: one chunk ~ one step; exact counts at the end.
+    # Live view without the tap: one chunk ~ one step; exact counts at the end. vLLM's
+    # RequestOutputCollector merges the deltas of steps the API server has not sent yet, so under
+    # load one chunk can carry several steps: reconcile_counts replaces these steps at the end.
     index = 0
     while True:
         kind, ids = await wake.get()

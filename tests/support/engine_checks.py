@@ -22,7 +22,15 @@ async def run(engine, prompt: str, max_tokens: int = 40, temperature: float = 0.
         else:
             result = item
     assert isinstance(result, RequestResult)
-    assert [s.emitted for s in steps] == [s.emitted for s in result.steps], "streamed = final steps"
+    if result.provenance == "tap":
+        assert [s.emitted for s in steps] == [s.emitted for s in result.steps], "streamed = final steps"
+    else:
+        # attach mode streams one step per HTTP chunk, and vLLM's API server merges the chunks of
+        # steps its client has not read yet (seen on the 2-core CI machine with two engines
+        # running): the live steps are an approximation that the final, counts-based steps
+        # replace, so only the ids they carry must agree
+        streamed = [i for s in steps for i in s.emitted]
+        assert streamed == result.token_ids, "streamed ids = final ids"
     return result
 
 
