@@ -65,7 +65,11 @@ def summarize(step: TapStep) -> EngineStep:
             SlotBid(our_request_id(rid), tuple(scores), admitted)
             for rid, scores, admitted in (step.auction[1] if step.auction else ())
         ),
-        profiling_requests=sum(1 for r in step.reqs if is_profile_request(our_request_id(r.engine_request_id))),
+        profiling_requests=sum(
+            1
+            for rid in [*(r.engine_request_id for r in step.reqs), *step.skipped]
+            if is_profile_request(our_request_id(rid))
+        ),
         num_relaxed=sum(len(r.relaxed) for r in step.reqs),
         rule=step.rule,
     )

@@ -252,6 +252,7 @@ class TapMixin:
             controls,
             decision,
             self._rule_name(scheduler_output),
+            sorted(skipped & num_scheduled.keys()),
         )
         tap.publish(payload)
         tap.last_end = now

@@ -6,7 +6,8 @@ only this module for the format, so it holds no vLLM and no UI imports.
 
 A step message is a msgpack array (compact, ~1 us to encode for a small batch):
 
-    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule]
+    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule,
+     skipped]
 
 - seq:         engine step counter (int, starts at 1, counts steps with work)
 - t:           time.monotonic() at the end of the step, seconds (CLOCK_MONOTONIC
@@ -36,6 +37,10 @@ A step message is a msgpack array (compact, ~1 us to encode for a small batch):
                relaxed: the drafts kept only by a lossy acceptance rule, [[draft
                position (1-based), the target's own token, p(draft), p(target's
                token)], ...] (``lossy_sampler.py``); [] under the lossless rule
+- skipped:     engine request ids scheduled in the step that vLLM's
+               ``update_from_output`` did not process (aborted or finished while
+               the step ran): counted in batch_size, absent from reqs (vLLM's
+               metrics do not count them either)
 - controls:    control messages applied so far (an acknowledgement: the step
                that first carries n was scheduled under the n-th command)
 - auction:     None, or the slot auction's decision for this step:
@@ -101,6 +106,7 @@ class TapStep:
     controls: int = 0
     auction: list | None = None
     rule: str = "lossless"
+    skipped: tuple[str, ...] = ()
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -121,16 +127,17 @@ def encode_step(
     controls: int = 0,
     auction: list | None = None,
     rule: str = "lossless",
+    skipped: list[str] | None = None,
 ) -> bytes:
     return _encoder.encode(
         [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule]
+        + [skipped or []]
     )
 
 
 def decode_step(payload: bytes) -> TapStep:
-    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule = _decoder.decode(
-        payload
-    )
+    fields = _decoder.decode(payload)
+    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule = fields[:13]
     return TapStep(
         seq=seq,
         t=t,
@@ -145,6 +152,7 @@ def decode_step(payload: bytes) -> TapStep:
         controls=controls,
         auction=auction,
         rule=rule,
+        skipped=tuple(fields[13]) if len(fields) > 13 else (),
     )
 
 

@@ -85,16 +85,22 @@ def test_profiling_ids_are_marked_and_have_no_dash(tag):
 
 
 @pytest.mark.parametrize(
-    "ids, profiling",
+    "ids, skipped, profiling",
     [
-        (["abc", "def"], 0),
-        ([profile_request_id("b2r0"), profile_request_id("b2r1")], 2),
-        ([profile_request_id("b2r0"), "visitor"], 1),
+        (["abc", "def"], [], 0),
+        ([profile_request_id("b2r0"), profile_request_id("b2r1")], [], 2),
+        ([profile_request_id("b2r0"), "visitor"], [], 1),
+        # a profiling request aborted at its cell's end while the step ran: scheduled (in batch_size),
+        # not processed by vLLM (not in reqs), still the profiler's (CI, 2026-12-03: counted as a visitor)
+        ([profile_request_id("b2r0")], [profile_request_id("b2r1")], 2),
+        ([profile_request_id("b2r0")], ["visitor"], 1),
     ],
 )
-def test_the_tap_summary_counts_the_profilers_requests(ids, profiling):
-    reqs = [TapRequestStep(f"cmpl-{rid}-0-1a2b3c4d", [5, 6], 1, [5, 7], None, 10) for rid in ids]
-    step = TapStep(1, 1.0, 0.01, 0.01, len(ids), 2, 3 * len(ids), 0.0, 0, reqs)
+def test_the_tap_summary_counts_the_profilers_requests(ids, skipped, profiling):
+    engine_id = "cmpl-{}-0-1a2b3c4d".format
+    reqs = [TapRequestStep(engine_id(rid), [5, 6], 1, [5, 7], None, 10) for rid in ids]
+    n = len(ids) + len(skipped)
+    step = TapStep(1, 1.0, 0.01, 0.01, n, 2, 3 * n, 0.0, 0, reqs, skipped=tuple(map(engine_id, skipped)))
     assert summarize(step).profiling_requests == profiling
 
 
