@@ -119,9 +119,13 @@ def _platform_args(config: EngineConfig, platform: Platform) -> list[str]:
 def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
     """Scheduling mode, the tap's scheduler and the plugin's worker."""
     mode = async_scheduling(config, platform)
-    args = ["--async-scheduling" if mode else "--no-async-scheduling"]
+    # On CPU vLLM's platform runs every scheduler synchronously; there the tap keeps vLLM's async
+    # scheduler class, which every CPU figure before 2026-12-03 ran on (docs/gpu.md, "What has not
+    # been run": a profile on tiny models admitting its batch one request at a time, cause not found).
+    scheduler_async = mode or not platform.is_gpu
+    args = ["--async-scheduling" if scheduler_async else "--no-async-scheduling"]
     if config.tap:
-        args += ["--scheduler-cls", scheduler_class_path(mode)]
+        args += ["--scheduler-cls", scheduler_class_path(scheduler_async)]
         if config.method != "off":  # the verifier reports the draft ids it verified: every speculative tap needs it
             args += ["--worker-cls", worker_class_path(platform.kind, idle_drafter=config.drafter_idles)]
     if config.drafter_idles:

@@ -259,7 +259,7 @@ class _Batch:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-MAX_RESTARTS = 3  # fresh batches one cell may start before it keeps what it has
+MAX_RESTARTS = 10  # fresh batches one cell may start before it keeps what it has (tiny engines: docs/gpu.md)
 
 
 async def _measure_cell(

@@ -56,7 +56,9 @@ def test_the_service_is_ready_only_after_measuring(cold_service):
     assert "measure" in stages, f"no measuring stage before ready: {sorted(set(stages))}"
     assert ("starting", "measure", "measuring") in seen, "the step-time picture never showed cells while measuring"
     v = svc.policy_view()
-    assert v.cost_source == "profiled" and len(v.cost.points) == len(profile_cells(DEFAULT_BATCH_SIZES, default_ks(5)))
+    assert v.cost_source == "profiled"
+    missing = set(profile_cells(DEFAULT_BATCH_SIZES, default_ks(5))) - {(p.batch_size, p.k) for p in v.cost.points}
+    assert not missing, f"cells not measured (batch size, K): {sorted(missing)}; measured: {v.cost.points}"
     assert v.state.spec.kind == "auto", v.state.spec  # the start policy, once the cost model is there
     assert _profiling_steps_hold_only_profiling_requests(svc) > 20
 

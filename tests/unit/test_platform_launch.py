@@ -77,10 +77,11 @@ def _spec(spec: dict) -> list[str]:
     return ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
 
 
+# on CPU vLLM runs every scheduler synchronously; the tap keeps its async class there (server_args)
 CPU_IDLER_TAIL = [
-    "--no-async-scheduling",
+    "--async-scheduling",
     "--scheduler-cls",
-    SCHED,
+    ASYNC_SCHED,
     "--worker-cls",
     CPU_IDLER,
     "--no-enable-prefix-caching",
@@ -114,7 +115,7 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
         (
             EngineConfig(method="off"),
             CPU,
-            CPU_HEAD + ["--enforce-eager", "--no-async-scheduling", "--scheduler-cls", SCHED],
+            CPU_HEAD + ["--enforce-eager", "--async-scheduling", "--scheduler-cls", ASYNC_SCHED],
         ),
         (
             EngineConfig(method="off"),
@@ -138,7 +139,7 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
             CPU_HEAD
             + ["--enforce-eager"]
             + _spec(SPEC_NGRAM)
-            + ["--no-async-scheduling", "--scheduler-cls", SCHED, "--worker-cls", CPU_VERIFIER],
+            + ["--async-scheduling", "--scheduler-cls", ASYNC_SCHED, "--worker-cls", CPU_VERIFIER],
         ),
         (
             # vLLM runs the ngram drafter synchronously on CUDA too

@@ -96,19 +96,20 @@ GPU_VERIFIER, GPU_IDLER = paths.VERIFIER_WORKERS["cuda"], paths.IDLE_DRAFTER_WOR
 @pytest.mark.parametrize(
     "config, platform, scheduler, worker",
     [
-        # vLLM's CPU platform forces synchronous scheduling: the sync tap there, whatever the method
-        (EngineConfig(method="draft", k=3), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),
+        # vLLM's CPU platform runs every scheduler synchronously; the tap keeps vLLM's async class there
+        # (its sync class with the plugin admitted the profiler's batch one request at a time: server_args)
+        (EngineConfig(method="draft", k=3), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_VERIFIER),
         (EngineConfig(method="draft", k=3), CUDA, paths.TAP_ASYNC_SCHEDULER, GPU_VERIFIER),
-        (EngineConfig(method="ngram", k=3), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),
+        (EngineConfig(method="ngram", k=3), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_VERIFIER),
         (EngineConfig(method="ngram", k=3), CUDA, paths.TAP_SCHEDULER, GPU_VERIFIER),  # vLLM: ngram is sync
-        (EngineConfig(method="draft", k=3, k_max=5), CPU, paths.TAP_SCHEDULER, CPU_IDLER),
+        (EngineConfig(method="draft", k=3, k_max=5), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_IDLER),
         (EngineConfig(method="draft", k=3, k_max=5), CUDA, paths.TAP_SCHEDULER, GPU_IDLER),  # catch-up: sync
         (EngineConfig(method="draft", k=3, tap=False), CPU, None, None),
         (EngineConfig(method="draft", k=3, tap=False), CUDA, None, None),
-        (EngineConfig(method="off"), CPU, paths.TAP_SCHEDULER, None),  # no drafts: no verifier
+        (EngineConfig(method="off"), CPU, paths.TAP_ASYNC_SCHEDULER, None),  # no drafts: no verifier
         (EngineConfig(method="off"), CUDA, paths.TAP_ASYNC_SCHEDULER, None),
         (EngineConfig(method="ngram", k=3, k_max=5), CUDA, paths.TAP_SCHEDULER, GPU_VERIFIER),
-        (EngineConfig(method="draft", k=3, k_max=5, idle_drafter=False), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),
+        (EngineConfig(method="draft", k=3, k_max=5, idle_drafter=False), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_VERIFIER),
         (EngineConfig(method="draft", k=3, k_max=5, idle_drafter=False), CUDA, paths.TAP_ASYNC_SCHEDULER, GPU_VERIFIER),
     ],
 )
