@@ -98,6 +98,10 @@ OBSERVER_JS = """() => {
   };
   new MutationObserver(scan).observe(view, {childList: true, subtree: true, attributes: true,
                                             attributeFilter: ['data-t']});
+  st.long = [];  // the main thread's long tasks (over 50 ms): [start, duration], epoch ms
+  new PerformanceObserver((list) => {
+    for (const e of list.getEntries()) st.long.push([performance.timeOrigin + e.startTime, e.duration]);
+  }).observe({type: 'longtask', buffered: true});
   scan();
   const hook = () => {
     const gd = document.querySelector('#live-charts .js-plotly-plot');
@@ -126,6 +130,7 @@ class Settings:
     prompt: str
     window_s: float
     settle_s: float
+    drop_events: list[str]
     request_timeout_s: float
     ready_timeout_s: float
 
@@ -153,6 +158,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-timeout-s", type=float, default=180.0)
     p.add_argument("--ready-timeout-s", type=float, default=420.0, help="engine start and cost-model profiling")
     p.add_argument("--deadline-s", type=float, default=1500.0, help="the whole run, then everything is stopped")
+    p.add_argument(
+        "--drop-events",
+        default="",
+        help="an experiment: the page's events with these API names (comma-separated, e.g. live,policy_live) "
+        "are never sent to the app, to measure what they cost the token view",
+    )
     p.add_argument("--log", default=None, help="the app's log file (default: a temporary file)")
     return p.parse_args(argv)
 
@@ -275,11 +286,40 @@ class Session:
             self.page.wait_for_timeout(left_ms)
         end_ms = self.page.evaluate("() => Date.now()")
         charts = self.page.evaluate("() => window.__uiLatency.charts")
+        long_tasks = [tuple(x) for x in self.page.evaluate("() => window.__uiLatency.long")]
         seen_running = max(x for x in (running, now_running, 0) if x is not None)
         bg_rate = readout_tokens_per_s(readout) if load else 0.0
         return summarise_level(
-            load, self.s.requests, seen, offset_s, expected, charts, (start_ms, end_ms), seen_running, bg_rate
+            load,
+            self.s.requests,
+            seen,
+            offset_s,
+            expected,
+            charts,
+            (start_ms, end_ms),
+            seen_running,
+            bg_rate,
+            long_tasks,
         )
+
+
+def drop_events(page: Any, url: str, api_names: list[str]) -> None:
+    """Answer the page's queue joins for these events ourselves, so the app never runs them (a timer whose
+    tick never completes does not tick again: Gradio's trigger_mode "once")."""
+    deps = httpx.get(f"{url}/config", timeout=10).json()["dependencies"]
+    ids = {d["id"] for d in deps if d.get("api_name") in api_names}
+    missing = set(api_names) - {d.get("api_name") for d in deps}
+    if missing:
+        raise RuntimeError(f"--drop-events: no event named {sorted(missing)}")
+
+    def handle(route: Any) -> None:
+        body = route.request.post_data_json or {}
+        if body.get("fn_index") in ids:
+            route.fulfill(status=200, json={"event_id": f"dropped-{body.get('fn_index')}"})
+        else:
+            route.continue_()
+
+    page.route("**/queue/join*", handle)
 
 
 def measure(url: str, settings: Settings) -> tuple[list[LevelResult], dict[str, Any]]:
@@ -294,6 +334,8 @@ def measure(url: str, settings: Settings) -> tuple[list[LevelResult], dict[str, 
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1100})
             page.add_init_script(NET_TAP_JS)
+            if settings.drop_events:
+                drop_events(page, url, settings.drop_events)
             page.goto(url)
             session = Session(page, settings)
             session.wait_engine_ready()
@@ -375,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt=args.prompt or load_presets()[0].prompt,
         window_s=args.window_s,
         settle_s=args.settle_s,
+        drop_events=[x.strip() for x in args.drop_events.split(",") if x.strip()],
         request_timeout_s=args.request_timeout_s,
         ready_timeout_s=args.ready_timeout_s,
     )
@@ -399,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         "app_args": app_args,
         "max_tokens": settings.max_tokens,
         "requests_per_level": settings.requests,
+        "dropped_events": settings.drop_events,
         "prompt": settings.prompt,
         "levels": [asdict(r) | {"total_tokens_per_s": r.total_tokens_per_s} for r in results],
         **extra,

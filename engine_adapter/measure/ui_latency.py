@@ -20,6 +20,9 @@ Contract (pure: no engine, browser or network; ``scripts/ui_latency.py`` feeds i
 - ``percentile(values, q)``: linear interpolation between closest ranks (numpy's
   default), ``q`` in 0..100; ``None`` for no values.
 - ``refresh_rate(times_ms, start_ms, end_ms)``: chart redraws per second inside the window.
+- ``busy_share(tasks_ms, start_ms, end_ms)``: the page's main-thread long tasks (Chromium's
+  ``longtask`` entries, each (start, duration) in epoch ms) that overlap the window, and
+  the share of the window they cover: time the page could not draw a step.
 - ``summarise_level(...)`` -> ``LevelResult``; ``table(results)`` the printed table.
 """
 
@@ -69,6 +72,9 @@ class LevelResult:
     # step over the time from its first step to its last), and the background load's (the page's readout)
     foreground_tokens_per_s: float | None = None
     background_tokens_per_s: float | None = None
+    # the page's main thread: its long tasks (over 50 ms, Chromium's longtask entries) inside the window
+    long_tasks: int | None = None
+    long_task_share: float | None = None  # their summed time over the window's, 0..1
 
     @property
     def total_tokens_per_s(self) -> float | None:
@@ -147,6 +153,16 @@ def refresh_rate(times_ms: Sequence[float], start_ms: float, end_ms: float) -> t
     return len(inside), len(inside) / span_s, gap
 
 
+def busy_share(tasks_ms: Sequence[tuple[float, float]], start_ms: float, end_ms: float) -> tuple[int, float]:
+    """(tasks that overlap [start_ms, end_ms], the share of the window they cover); a task is
+    (start, duration) in ms since the epoch, clipped to the window."""
+    span = end_ms - start_ms
+    if span <= 0:
+        return 0, 0.0
+    overlap = [(max(t, start_ms), min(t + d, end_ms)) for t, d in tasks_ms if t < end_ms and t + d > start_ms]
+    return len(overlap), sum(b - a for a, b in overlap) / span
+
+
 def summarise_level(
     load: int,
     requests: int,
@@ -157,11 +173,13 @@ def summarise_level(
     window_ms: tuple[float, float],
     running_in_engine: int | None = None,
     background_tokens_per_s: float | None = None,
+    long_tasks_ms: Sequence[tuple[float, float]] | None = None,
 ) -> LevelResult:
     steps = step_latencies(seen, offset_s)
     lat = [s.latency_ms for s in steps]
     net = [s.net_latency_ms for s in steps if s.net_latency_ms is not None]
     n, rate, gap = refresh_rate(chart_ms, *window_ms)
+    busy = busy_share(long_tasks_ms, *window_ms) if long_tasks_ms is not None else (None, None)
     return LevelResult(
         load=load,
         requests=requests,
@@ -179,6 +197,8 @@ def summarise_level(
         running_in_engine=running_in_engine,
         foreground_tokens_per_s=foreground_rate(seen),
         background_tokens_per_s=background_tokens_per_s,
+        long_tasks=busy[0],
+        long_task_share=busy[1],
     )
 
 
@@ -193,7 +213,7 @@ def _rate(x: float | None) -> str:
 def table(results: Sequence[LevelResult]) -> str:
     head = (
         "load  running  requests  steps (of)  p50 ms  p95 ms  max ms  net p50  net p95  chart/s  max gap ms"
-        "  fg tok/s  bg tok/s  total tok/s"
+        "  fg tok/s  bg tok/s  total tok/s  busy"
     )
     rows = [
         f"{r.load:>4}  {r.running_in_engine if r.running_in_engine is not None else '-':>7}  {r.requests:>8}  "
@@ -201,6 +221,7 @@ def table(results: Sequence[LevelResult]) -> str:
         f"{_ms(r.net_p50_ms):>7}  {_ms(r.net_p95_ms):>7}  {r.chart_refresh_per_s:>7.2f}  {_ms(r.max_chart_gap_ms):>10}"
         f"  {_rate(r.foreground_tokens_per_s):>8}  {_rate(r.background_tokens_per_s):>8}"
         f"  {_rate(r.total_tokens_per_s):>11}"
+        f"  {'-' if r.long_task_share is None else f'{r.long_task_share:.2f}':>4}"
         for r in results
     ]
     return "\n".join([head, *rows])

@@ -8,6 +8,7 @@ import pytest
 
 from engine_adapter.measure.ui_latency import (
     StepSeen,
+    busy_share,
     clock_offset,
     foreground_rate,
     percentile,
@@ -98,6 +99,21 @@ def test_the_network_share_of_a_latency(net_ms, expected):
 def test_refresh_rate(times, window, expected):
     n, rate, gap = refresh_rate(times, *window)
     assert (n, pytest.approx(rate), gap) == (expected[0], expected[1], expected[2])
+
+
+@pytest.mark.parametrize(
+    "tasks, window, expected",
+    [
+        ([], (0.0, 1000.0), (0, 0.0)),
+        ([(100.0, 100.0), (500.0, 50.0)], (0.0, 1000.0), (2, 0.15)),
+        ([(-60.0, 100.0), (980.0, 100.0)], (0.0, 1000.0), (2, 0.06)),  # clipped to the window's edges
+        ([(-200.0, 100.0), (1000.0, 70.0)], (0.0, 1000.0), (0, 0.0)),  # outside: not counted
+        ([(5.0, 10.0)], (10.0, 10.0), (0, 0.0)),  # an empty window
+    ],
+)
+def test_busy_share_of_the_pages_main_thread(tasks, window, expected):
+    n, share = busy_share(tasks, *window)
+    assert (n, share) == (expected[0], pytest.approx(expected[1]))
 
 
 def test_clock_offset_takes_the_narrowest_bracket():
