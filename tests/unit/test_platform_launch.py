@@ -139,7 +139,7 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
             CPU_HEAD
             + ["--enforce-eager"]
             + _spec(SPEC_NGRAM)
-            + ["--async-scheduling", "--scheduler-cls", ASYNC_SCHED, "--worker-cls", CPU_VERIFIER],
+            + ["--no-async-scheduling", "--scheduler-cls", SCHED, "--worker-cls", CPU_VERIFIER],
         ),
         (
             # vLLM runs the ngram drafter synchronously on CUDA too

@@ -100,7 +100,7 @@ GPU_VERIFIER, GPU_IDLER = paths.VERIFIER_WORKERS["cuda"], paths.IDLE_DRAFTER_WOR
         # (its sync class with the plugin admitted the profiler's batch one request at a time: server_args)
         (EngineConfig(method="draft", k=3), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_VERIFIER),
         (EngineConfig(method="draft", k=3), CUDA, paths.TAP_ASYNC_SCHEDULER, GPU_VERIFIER),
-        (EngineConfig(method="ngram", k=3), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_VERIFIER),
+        (EngineConfig(method="ngram", k=3), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),  # vLLM refuses async ngram
         (EngineConfig(method="ngram", k=3), CUDA, paths.TAP_SCHEDULER, GPU_VERIFIER),  # vLLM: ngram is sync
         (EngineConfig(method="draft", k=3, k_max=5), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_IDLER),
         (EngineConfig(method="draft", k=3, k_max=5), CUDA, paths.TAP_SCHEDULER, GPU_IDLER),  # catch-up: sync
