@@ -201,13 +201,18 @@ class EngineConfig:
         return self.method != "off" and self.tap and (self.k_table is not None or self.k_max is not None)
 
     @property
+    def vllm_allows_async(self) -> bool:
+        """vLLM's own default for the method: async for no speculation and model drafters, sync for
+        the CPU-side drafters (ngram, suffix), for which it refuses async scheduling."""
+        return self.method in ("off", "draft")
+
+    @property
     def async_scheduling(self) -> bool:
-        """The requested scheduling mode, vLLM's own default: async for no speculation and model
-        drafters, sync for the CPU-side drafters (ngram, suffix); sync with the idle drafter too,
-        whose catch-up reads the input batch's token ids, which async scheduling leaves as
-        placeholders until the step after (docs/catch-up-design.md, section 8: never run async).
-        The engine runs in ``Platform.async_scheduling`` of it (vLLM's CPU platform forces sync)."""
-        return self.method in ("off", "draft") and not self.drafter_idles
+        """The requested scheduling mode: vLLM's default (``vllm_allows_async``), and sync with the
+        idle drafter too, whose catch-up reads the input batch's token ids, which async scheduling
+        leaves as placeholders until the step after (docs/catch-up-design.md, section 8: never run
+        async). The engine runs in ``Platform.async_scheduling`` of it (vLLM's CPU platform forces sync)."""
+        return self.vllm_allows_async and not self.drafter_idles
 
 
 def _is_int(value: object) -> bool:

@@ -252,7 +252,7 @@ class TapMixin:
             controls,
             decision,
             self._rule_name(scheduler_output),
-            sorted(skipped & num_scheduled.keys()),
+            sorted(skipped),
         )
         tap.publish(payload)
         tap.last_end = now

@@ -129,15 +129,14 @@ def encode_step(
     rule: str = "lossless",
     skipped: list[str] | None = None,
 ) -> bytes:
-    return _encoder.encode(
-        [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule]
-        + [skipped or []]
-    )
+    fields = [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule]
+    return _encoder.encode([*fields, skipped or []])
 
 
 def decode_step(payload: bytes) -> TapStep:
-    fields = _decoder.decode(payload)
-    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule = fields[:13]
+    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule, skipped = (
+        _decoder.decode(payload)
+    )
     return TapStep(
         seq=seq,
         t=t,
@@ -152,7 +151,7 @@ def decode_step(payload: bytes) -> TapStep:
         controls=controls,
         auction=auction,
         rule=rule,
-        skipped=tuple(fields[13]) if len(fields) > 13 else (),
+        skipped=tuple(skipped),
     )
 
 
