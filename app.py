@@ -8,6 +8,7 @@ python app.py --replay TRACE.jsonl [--replay-speed X]      # a recorded session,
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
@@ -190,10 +191,17 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # The UI's imports (Gradio, plotly, pandas: seconds on 2 CPU cores) come after the engine's spawn,
         # so that they overlap its start instead of delaying it (docs/benchmarks.md, cold start).
+        # Gradio recomputes a pandas summary of its last 10,000 events after every event, for a monitoring
+        # page this app does not use: 15 ms a time once an open page's timers have sent 10,000 events
+        os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "1000")
         from explorer.page import PageDefaults, build_page
         from explorer.panels.presenter import Presenter
 
         demo = build_page(service, presets, PageDefaults(config=config, presenter=Presenter(args.presenter_key)))
+        # the libraries and the page are there for good: out of the garbage collector's full collections,
+        # which otherwise walk them all (about 0.1 s idle, 0.5-0.9 s beside the engine on 2 cores) and
+        # stall the page's event loop (the service freezes again once the engine is ready)
+        gc.freeze()
         demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)
     finally:
         if recorder is not None:

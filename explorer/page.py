@@ -62,7 +62,7 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
         with gr.Accordion("Why does this happen?", open=False):
             gr.Markdown(data_path("assets", "explain.md").read_text())
         k_max = defaults.config.k_max or defaults.config.k
-        build_policy_panel(page, backend, run.request_id, k_max, unlocked, defaults.presenter)
+        build_policy_panel(page, backend, run.request_id, run.step_times, k_max, unlocked, defaults.presenter)
         build_acceptance_panel(backend, unlocked, defaults.presenter)
         build_sweep_panel(sweeps_dir())
         run.wire()

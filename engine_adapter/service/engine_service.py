@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -176,6 +177,10 @@ class EngineService:
             except Exception as e:  # e.g. the control channel refused: said in the page, never a silent "starting"
                 self._set(state="failed", error=f"the engine started, but its K policy could not be set: {e!r}")
                 return
+            # what the start loaded (tokenizer, cost model, clients) leaves the collector's generations:
+            # a full collection of the app's heap stalled every event loop of the process 0.5-0.9 s on
+            # 2 cores, and the token view with it (docs/benchmarks.md, UI latency, 2026-12-03)
+            gc.freeze()
             self._set(
                 state="ready",
                 url=engine.url,

@@ -57,8 +57,14 @@ class EnginePanel:
 
     def wire(self) -> None:
         self.apply_btn.click(self.apply, [self.method, self.k, self.unlocked], self.status, api_name="apply")
-        gr.Timer(1.0).tick(self.status_line, None, self.status, api_name="status", show_progress="hidden")
-        gr.Timer(1.0).tick(self.banner_line, None, self.banner, api_name="acceptance_banner", show_progress="hidden")
+        # one timer for both lines: every event costs the page's main thread (Gradio updates the loading
+        # state of every component at each of an event's messages)
+        gr.Timer(1.0).tick(self.top_lines, None, [self.status, self.banner], api_name=False, show_progress="hidden")
+        gr.api(self.status_line, api_name="status")
+        gr.api(self.banner_line, api_name="acceptance_banner")
+
+    def top_lines(self) -> tuple[str, str]:
+        return self.status_line(), self.banner_line()
 
     def banner_line(self) -> str:
         return acceptance_banner_markdown(self.backend.status())

@@ -7,7 +7,8 @@ readout), ``build_chart()`` the live chart of the whole server over the last
 is the ``gr.State`` of this page's foreground steps as (monotonic t, tokens
 emitted), drawn as the foreground's tokens/s): a slider change asks the
 backend for this session's share, a timer (``CHART_REFRESH_S``) updates the readout (and keeps the
-session's load alive) and redraws the chart when the engine did something since the page drew it;
+session's load alive) and redraws the chart when the engine did something since the page drew it (while
+the page's own request streams, at most every ``STREAMING_REFRESH_S``: the token view goes first);
 closing the page releases the session's load.
 
 API names: /set_load (requests) -> readout; /live (step times) -> (figure, readout).
@@ -26,6 +27,7 @@ from explorer.views.live_charts import (
     CHART_REFRESH_S,
     WINDOW_S,
     bin_steps,
+    chart_due,
     engine_activity,
     foreground_rate,
     live_chart_frame,
@@ -66,7 +68,8 @@ class LoadPanel:
     def wire(self, page: gr.Blocks, step_times: gr.State) -> None:
         # change (not release) so a typed number counts too; always_last coalesces a drag
         self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
-        self.drawn = gr.State(None)  # what this page's chart shows (views.live_charts.engine_activity)
+        # (key of what this page's chart shows (views.live_charts.engine_activity), when it was drawn)
+        self.drawn = gr.State(None)
         gr.Timer(CHART_REFRESH_S).tick(
             self.refresh,
             [step_times, self.drawn],
@@ -91,16 +94,18 @@ class LoadPanel:
         return load_readout_markdown(self.backend, request.session_hash)
 
     def refresh(self, times: list[tuple[float, int]], drawn: tuple | None, request: gr.Request) -> dict[Component, Any]:
-        """The readout every tick; the chart only when the engine did something since this page drew it."""
+        """The readout every tick; the chart when the engine did something since this page drew it, and
+        while this page's own request streams, at most every ``STREAMING_REFRESH_S`` (``chart_due``)."""
         self.backend.touch_session(request.session_hash)  # a page that stops polling loses its load
         now = time.monotonic()
         readout = load_readout_markdown(self.backend, request.session_hash)
         key = (engine_activity(self.backend, now), len(times or []))
-        if key == drawn:
+        drawn_key, drawn_at = drawn or (None, None)
+        if key == drawn_key or not chart_due(drawn_at, now, times or []):
             return {self.readout: readout}
         markers = [(t - now, n) for t, n in self.backend.load_changes]
         figure = live_figure(live_chart_frame(self.backend, now), markers, foreground_rate(times or [], now))
-        return {self.live: figure, self.readout: readout, self.drawn: key}
+        return {self.live: figure, self.readout: readout, self.drawn: (key, now)}
 
     def leave(self, request: gr.Request) -> None:
         self.backend.release_background(request.session_hash)

@@ -36,7 +36,7 @@ from explorer.views.k_table import (
     table_rows,
     table_value,
 )
-from explorer.views.live_charts import CHART_REFRESH_S, engine_activity
+from explorer.views.live_charts import CHART_REFRESH_S, chart_due, engine_activity
 from explorer.views.policy_charts import (
     auction_figure,
     auto_figure,
@@ -111,7 +111,7 @@ class PolicyPanel:
                 self.auto_plot = gr.Plot(show_label=False, elem_id="auto-curve")
                 self.auction_plot = gr.Plot(show_label=False, elem_id="auction-grid")
 
-    def wire(self, page: gr.Blocks, foreground: gr.State, unlocked: gr.State) -> None:
+    def wire(self, page: gr.Blocks, foreground: gr.State, step_times: gr.State, unlocked: gr.State) -> None:
         # the check answers each edit, so an error shows before Apply (and a test can see the edit landed)
         self.table.change(
             self.check_edit, self.table, self.checked, api_name="check_edit", show_progress="hidden", queue=False
@@ -145,7 +145,7 @@ class PolicyPanel:
         self.drawn = gr.State(None)  # chart -> the key of what this page's chart shows (``refresh``)
         gr.Timer(CHART_REFRESH_S).tick(
             self.refresh,
-            [foreground, self.drawn],
+            [foreground, step_times, self.drawn],
             [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot, self.drawn],
             api_name="policy_live",
             show_progress="hidden",
@@ -206,11 +206,12 @@ class PolicyPanel:
             return gr.skip()
         return {**shown, self.sync_timer: gr.Timer(active=False)}
 
-    def refresh(self, fg: str | None, drawn: dict | None) -> dict[Component, Any]:
+    def refresh(self, fg: str | None, fg_steps: list | None, drawn: dict | None) -> dict[Component, Any]:
         """The status and the table in force every tick; each chart only when what it shows changed
-        since this page drew it (``drawn``: chart -> key): the step-time picture with the engine's
+        since this page drew it (``drawn``: chart -> key, and "at": when): the step-time picture with the engine's
         steps, the cost model and a profile's progress; the auto curve with the policy, the preview
-        and the operating point; the auction grid with the auction's steps and this page's request."""
+        and the operating point; the auction grid with the auction's steps and this page's request.
+        While this page's own request streams (``fg_steps``), the charts wait (``chart_due``)."""
         v = self.backend.policy_view()
         now = time.monotonic()
         recent = self.backend.steps_since(now - RECENT_S)
@@ -223,6 +224,9 @@ class PolicyPanel:
             else ""
         )
         shown: dict[Component, Any] = {self.status: policy_status_markdown(v), self.in_force: table_md}
+        drawn = dict(drawn or {})
+        if not chart_due(drawn.get("at"), now, fg_steps or []):
+            return shown
         cost_key = (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None
         auctions = [s for s in self.backend.steps_since(now - AUCTION_S) if s.auction_slots is not None]
         keys = {
@@ -235,15 +239,14 @@ class PolicyPanel:
             ),
             "auction": (auctions[-1].seq if auctions else None, fg),
         }
-        drawn = dict(drawn or {})
         if keys["step"] != drawn.get("step"):
             shown[self.step_plot] = step_time_figure(v.cost, recent, v.profiling)
         if keys["auto"] != drawn.get("auto"):
             shown[self.auto_plot] = self._auto_figure(v, op[0] if op else 1)
         if keys["auction"] != drawn.get("auction"):
             shown[self.auction_plot] = auction_figure(auctions, fg)
-        if keys != drawn:
-            shown[self.drawn] = keys
+        if any(keys[chart] != drawn.get(chart) for chart in keys):
+            shown[self.drawn] = {**keys, "at": now}
         return shown
 
     @staticmethod
@@ -257,9 +260,15 @@ class PolicyPanel:
 
 
 def build_policy_panel(
-    page: gr.Blocks, backend: Backend, foreground: gr.State, k_max: int, unlocked: gr.State, presenter: Presenter
+    page: gr.Blocks,
+    backend: Backend,
+    foreground: gr.State,
+    step_times: gr.State,
+    k_max: int,
+    unlocked: gr.State,
+    presenter: Presenter,
 ) -> PolicyPanel:
     panel = PolicyPanel(backend, k_max, presenter)
     panel.build()
-    panel.wire(page, foreground, unlocked)
+    panel.wire(page, foreground, step_times, unlocked)
     return panel

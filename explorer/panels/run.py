@@ -93,8 +93,10 @@ class RunPanel:
         self.preset.change(self.pick, self.preset, self.prompt, api_name="pick")
         inputs = [self.prompt, self.temperature, self.max_tokens]
         outputs = [self.view, self.card, self.hist, self.pos, self.last, self.step_times, self.trace, self.request_id]
-        run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run")
-        self.prompt.submit(self.run, inputs, outputs, api_name=False)
+        # no Gradio progress overlay: the token view shows its own cursor from the click on, and the
+        # overlay's timers and loading states cost the browser's main thread at every streamed step
+        run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", show_progress="hidden")
+        self.prompt.submit(self.run, inputs, outputs, api_name=False, show_progress="hidden")
         self.stop_btn.click(None, None, None, cancels=[run_event])
         self.check_btn.click(
             self.check,
@@ -130,6 +132,7 @@ class RunPanel:
         steps: list[Step] = []
         times: list[tuple[float, int]] = []
         rid = uuid.uuid4().hex
+        yield {self.view: token_view_value([], streaming=True, prompt=text)}  # at once: the request is on its way
         try:
             stream = self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid)
             async for batch in paced(stream, MIN_UPDATE_S):
@@ -137,8 +140,10 @@ class RunPanel:
                 steps += new
                 times += [(s.t, len(s.emitted)) for s in new]
                 results = [item for item in batch if isinstance(item, RequestResult)]
-                if results:
-                    yield self._finished(results[-1], text, times)
+                if results:  # the tokens first, the request's two charts in a message of their own
+                    final = self._finished(results[-1], text, times)
+                    yield {c: v for c, v in final.items() if c not in (self.hist, self.pos)}
+                    yield {self.hist: final[self.hist], self.pos: final[self.pos]}
                 elif new:
                     yield {
                         self.view: token_view_value(steps, streaming=True, prompt=text),

@@ -20,9 +20,11 @@ bin), tokens per second, tokens per request-step.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -84,12 +86,43 @@ def bin_steps(
     return out.reset_index().rename(columns={"index": "t", "bin": "t"})
 
 
+# each panel's (x axis, y axis) in the skeleton's layout; row 1's right axis is "y2"
+PANEL_AXES = {1: ("x", "y"), 2: ("x2", "y3"), 3: ("x3", "y4"), 4: ("x4", "y5")}
+BATCH_AXES = ("x", "y2")
+
+
 def live_figure(
     df: pd.DataFrame,
     markers: Sequence[tuple[float, int]] = (),
     foreground: pd.DataFrame | None = None,
     window_s: float = WINDOW_S,
 ) -> go.Figure:
+    traces = _engine_traces(df) if not df.empty else []
+    if foreground is not None and not foreground.empty:
+        fg = dict(x=foreground["t"], y=foreground["tokens_per_s"], line=dict(color="#9467bd"))
+        traces.append(_scatter("foreground tokens/s", PANEL_AXES[4], **fg))
+    layout = json.loads(_live_skeleton_json())  # a fresh copy: plotly's make_subplots costs ~50 ms a call
+    layout["xaxis4"]["range"] = [-window_s, 0]
+    # every panel matches the bottom time axis "x4": one figure-high line per slider change
+    # (add_vline would draw one shape per panel, about 50 ms each in plotly's Python layer)
+    shown = [(t, n) for t, n in markers if -window_s <= t <= 0]
+    marker_line = dict(color="#e377c2", dash="dot", width=1)
+    layout["shapes"] = [
+        dict(type="line", xref="x4", yref="paper", x0=t, x1=t, y0=0, y1=1, line=marker_line) for t, _ in shown
+    ]
+    marker_font = dict(size=10, color="#e377c2")
+    layout["annotations"] += [
+        dict(
+            x=t, xref="x4", y=1.0, yref="paper", yanchor="bottom", text=f"load → {n}", showarrow=False, font=marker_font
+        )
+        for t, n in shown
+    ]
+    return go.Figure(data=traces, layout=layout)
+
+
+@cache
+def _live_skeleton_json() -> str:
+    """The layout of the four empty panels (titles, axes, size, template) as JSON text."""
     fig = make_subplots(
         rows=4,
         cols=1,
@@ -103,62 +136,7 @@ def live_figure(
             "throughput (tokens/s)",
         ),
     )
-    if not df.empty:
-        t = df["t"]
-        fig.add_scatter(x=t, y=df["k"], name="K in force", line=dict(shape="hv", color="#444"), row=1, col=1)
-        fig.add_scatter(x=t, y=df["effective_k"], name="effective K", line=dict(color="#1f77b4"), row=1, col=1)
-        fig.add_scatter(
-            x=t, y=df["batch"], name="batch size", line=dict(color="#aaa", dash="dot"), row=1, col=1, secondary_y=True
-        )
-        fig.add_scatter(
-            x=t, y=df["tokens_per_step"], name="tokens / request-step", line=dict(color="#2ca02c"), row=2, col=1
-        )
-        fig.add_scatter(
-            x=t,
-            y=df["accepted_per_step"],
-            name="accepted / request-step",
-            line=dict(color="#1f77b4", dash="dash"),
-            row=2,
-            col=1,
-        )
-        fig.add_scatter(
-            x=t, y=df["acceptance_rate"], name="draft_acceptance_rate", line=dict(color="#000", width=3), row=3, col=1
-        )
-        for col in [c for c in df.columns if c.startswith("pos")]:
-            i = int(col[3:])
-            fig.add_scatter(
-                x=t,
-                y=df[col],
-                name=f"position {i}",
-                line=dict(color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1),
-                row=3,
-                col=1,
-            )
-        fig.add_scatter(
-            x=t, y=df["total_tokens_per_s"], name="total tokens/s", line=dict(color="#d62728"), row=4, col=1
-        )
-    if foreground is not None and not foreground.empty:
-        fig.add_scatter(
-            x=foreground["t"],
-            y=foreground["tokens_per_s"],
-            name="foreground tokens/s",
-            line=dict(color="#9467bd"),
-            row=4,
-            col=1,
-        )
-    for t, n in markers:
-        if -window_s <= t <= 0:
-            fig.add_vline(x=t, line=dict(color="#e377c2", dash="dot"))
-            fig.add_annotation(
-                x=t,
-                y=1.0,
-                yref="paper",
-                text=f"load → {n}",
-                showarrow=False,
-                font=dict(size=10, color="#e377c2"),
-                yanchor="bottom",
-            )
-    fig.update_xaxes(range=[-window_s, 0], row=4, col=1, title_text="seconds (0 = now)")
+    fig.update_xaxes(title_text="seconds (0 = now)", row=4, col=1)
     fig.update_yaxes(range=[0, 1.05], row=3, col=1)
     fig.update_layout(
         height=760,
@@ -167,7 +145,40 @@ def live_figure(
         legend=dict(orientation="h", y=-0.08),
         uirevision="live",
     )
-    return fig
+    return fig.layout.to_json()
+
+
+def _scatter(name: str, axes: tuple[str, str], **kw: Any) -> go.Scatter:
+    return go.Scatter(name=name, xaxis=axes[0], yaxis=axes[1], **kw)
+
+
+def _engine_traces(df: pd.DataFrame) -> list[go.Scatter]:
+    """The engine's traces, each on its panel's axes; the batch size on row 1's right axis."""
+    t = df["t"]
+    traces = [
+        _scatter("K in force", PANEL_AXES[1], x=t, y=df["k"], line=dict(shape="hv", color="#444")),
+        _scatter("effective K", PANEL_AXES[1], x=t, y=df["effective_k"], line=dict(color="#1f77b4")),
+        _scatter("batch size", BATCH_AXES, x=t, y=df["batch"], line=dict(color="#aaa", dash="dot")),
+        _scatter("tokens / request-step", PANEL_AXES[2], x=t, y=df["tokens_per_step"], line=dict(color="#2ca02c")),
+        _scatter(
+            "accepted / request-step",
+            PANEL_AXES[2],
+            x=t,
+            y=df["accepted_per_step"],
+            line=dict(color="#1f77b4", dash="dash"),
+        ),
+        _scatter(
+            "draft_acceptance_rate", PANEL_AXES[3], x=t, y=df["acceptance_rate"], line=dict(color="#000", width=3)
+        ),
+    ]
+    for col in [c for c in df.columns if c.startswith("pos")]:
+        i = int(col[3:])
+        line = dict(color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1)
+        traces.append(_scatter(f"position {i}", PANEL_AXES[3], x=t, y=df[col], line=line))
+    traces.append(
+        _scatter("total tokens/s", PANEL_AXES[4], x=t, y=df["total_tokens_per_s"], line=dict(color="#d62728"))
+    )
+    return traces
 
 
 def foreground_rate(step_times: Sequence[tuple[float, int]], now: float, bin_s: float = BIN_S) -> pd.DataFrame:
@@ -214,6 +225,25 @@ FRESH_S = 5.0  # seconds: a step newer than this is "the engine is doing somethi
 # works: each redraw costs the browser's renderer and the engine shares the machine's two cores with it
 # (at background load 16, packaged pair, 2026-12-02: chromium 38 % of a core at 1 s, 28 % at 2 s)
 CHART_REFRESH_S = 2.0
+# while the page's own request streams (a step of it newer than STREAMING_GAP_S), its charts wait
+# STREAMING_REFRESH_S from the request's first step and between redraws: a redraw holds the browser's
+# main thread for 100-400 ms on 2 cores, and the token view the reader is watching would wait behind it
+# (docs/benchmarks.md, UI latency)
+STREAMING_REFRESH_S = 10.0
+STREAMING_GAP_S = 2.0
+
+
+def chart_due(drawn_at: float | None, now: float, foreground_steps: Sequence[tuple[float, int]]) -> bool:
+    """Whether a page may redraw its charts now (what changed is asked separately): at every tick,
+    except while its own request streams: then only once ``STREAMING_REFRESH_S`` have passed since
+    both the request's first step and the last redraw (a shorter request is never interrupted).
+
+    ``drawn_at``: when the page's charts were last redrawn (monotonic s, None = never);
+    ``foreground_steps``: (monotonic t, tokens) of the page's current request's steps, oldest first."""
+    if not foreground_steps or now - foreground_steps[-1][0] >= STREAMING_GAP_S:
+        return True
+    since = foreground_steps[0][0] if drawn_at is None else max(drawn_at, foreground_steps[0][0])
+    return now - since >= STREAMING_REFRESH_S
 
 
 def engine_activity(backend: Backend, now: float) -> tuple:
