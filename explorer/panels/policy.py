@@ -36,7 +36,7 @@ from explorer.views.k_table import (
     table_rows,
     table_value,
 )
-from explorer.views.live_charts import CHART_REFRESH_S, chart_due, engine_activity
+from explorer.views.live_charts import CHART_REFRESH_S, engine_activity, streaming
 from explorer.views.policy_charts import (
     auction_figure,
     auto_figure,
@@ -208,10 +208,10 @@ class PolicyPanel:
 
     def refresh(self, fg: str | None, fg_steps: list | None, drawn: dict | None) -> dict[Component, Any]:
         """The status and the table in force every tick; each chart only when what it shows changed
-        since this page drew it (``drawn``: chart -> key, and "at": when): the step-time picture with the engine's
+        since this page drew it (``drawn``: chart -> key): the step-time picture with the engine's
         steps, the cost model and a profile's progress; the auto curve with the policy, the preview
         and the operating point; the auction grid with the auction's steps and this page's request.
-        While this page's own request streams (``fg_steps``), the charts wait (``chart_due``)."""
+        While this page's own request streams (``fg_steps``), the charts wait for its end."""
         v = self.backend.policy_view()
         now = time.monotonic()
         recent = self.backend.steps_since(now - RECENT_S)
@@ -224,8 +224,7 @@ class PolicyPanel:
             else ""
         )
         shown: dict[Component, Any] = {self.status: policy_status_markdown(v), self.in_force: table_md}
-        drawn = dict(drawn or {})
-        if not chart_due(drawn.get("at"), now, fg_steps or []):
+        if streaming(now, fg_steps or []):  # the charts wait for the end of this page's request
             return shown
         cost_key = (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None
         auctions = [s for s in self.backend.steps_since(now - AUCTION_S) if s.auction_slots is not None]
@@ -239,14 +238,15 @@ class PolicyPanel:
             ),
             "auction": (auctions[-1].seq if auctions else None, fg),
         }
+        drawn = dict(drawn or {})
         if keys["step"] != drawn.get("step"):
             shown[self.step_plot] = step_time_figure(v.cost, recent, v.profiling)
         if keys["auto"] != drawn.get("auto"):
             shown[self.auto_plot] = self._auto_figure(v, op[0] if op else 1)
         if keys["auction"] != drawn.get("auction"):
             shown[self.auction_plot] = auction_figure(auctions, fg)
-        if any(keys[chart] != drawn.get(chart) for chart in keys):
-            shown[self.drawn] = {**keys, "at": now}
+        if keys != drawn:
+            shown[self.drawn] = keys
         return shown
 
     @staticmethod

@@ -225,22 +225,28 @@ FRESH_S = 5.0  # seconds: a step newer than this is "the engine is doing somethi
 # works: each redraw costs the browser's renderer and the engine shares the machine's two cores with it
 # (at background load 16, packaged pair, 2026-12-02: chromium 38 % of a core at 1 s, 28 % at 2 s)
 CHART_REFRESH_S = 2.0
-# while the page's own request streams (a step of it newer than STREAMING_GAP_S), its charts wait
-# STREAMING_REFRESH_S from the request's first step and between redraws: a redraw holds the browser's
-# main thread for 100-400 ms on 2 cores, and the token view the reader is watching would wait behind it
+# while the page's own request streams (a step of it newer than STREAMING_GAP_S), its live chart waits
+# STREAMING_REFRESH_S from the request's first step and between redraws, and the K-policy panel's charts
+# wait for the request's end: a redraw holds the browser's main thread for 100-400 ms on 2 cores (over
+# a second at background load 16), and the token view the reader is watching would wait behind it
 # (docs/benchmarks.md, UI latency)
-STREAMING_REFRESH_S = 10.0
+STREAMING_REFRESH_S = 15.0
 STREAMING_GAP_S = 2.0
 
 
+def streaming(now: float, foreground_steps: Sequence[tuple[float, int]]) -> bool:
+    """Whether the page's own request is streaming: a step of it in the last ``STREAMING_GAP_S``.
+    ``foreground_steps``: (monotonic t, tokens) of the page's current request's steps, oldest first."""
+    return bool(foreground_steps) and now - foreground_steps[-1][0] < STREAMING_GAP_S
+
+
 def chart_due(drawn_at: float | None, now: float, foreground_steps: Sequence[tuple[float, int]]) -> bool:
-    """Whether a page may redraw its charts now (what changed is asked separately): at every tick,
+    """Whether a page may redraw its live chart now (what changed is asked separately): at every tick,
     except while its own request streams: then only once ``STREAMING_REFRESH_S`` have passed since
     both the request's first step and the last redraw (a shorter request is never interrupted).
 
-    ``drawn_at``: when the page's charts were last redrawn (monotonic s, None = never);
-    ``foreground_steps``: (monotonic t, tokens) of the page's current request's steps, oldest first."""
-    if not foreground_steps or now - foreground_steps[-1][0] >= STREAMING_GAP_S:
+    ``drawn_at``: when the page's chart was last redrawn (monotonic s, None = never)."""
+    if not streaming(now, foreground_steps):
         return True
     since = foreground_steps[0][0] if drawn_at is None else max(drawn_at, foreground_steps[0][0])
     return now - since >= STREAMING_REFRESH_S

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from explorer.views.live_charts import STREAMING_GAP_S, STREAMING_REFRESH_S, WINDOW_S, chart_due, live_figure
+from explorer.views.live_charts import STREAMING_GAP_S, STREAMING_REFRESH_S, WINDOW_S, chart_due, live_figure, streaming
 
 
 def _frame(positions: int = 2) -> pd.DataFrame:
@@ -95,3 +95,15 @@ def test_figures_do_not_share_layout_state():
 )
 def test_charts_wait_while_the_pages_own_request_streams(drawn_at, foreground_steps, due):
     assert chart_due(drawn_at, 100.0, foreground_steps) is due
+
+
+@pytest.mark.parametrize(
+    "foreground_steps, is_streaming",
+    [
+        ([], False),
+        ([(90.0, 1), (99.0, 2)], True),
+        ([(90.0, 1), (100.0 - STREAMING_GAP_S, 2)], False),  # quiet for the whole gap: ended (or stopped)
+    ],
+)
+def test_a_page_streams_while_its_request_has_recent_steps(foreground_steps, is_streaming):
+    assert streaming(100.0, foreground_steps) is is_streaming
