@@ -50,7 +50,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
-from engine_adapter.measure.ui_latency import LevelResult, StepSeen, clock_offset, summarise_level, table  # noqa: E402
+from engine_adapter.measure.ui_latency import (  # noqa: E402
+    LevelResult,
+    StepSeen,
+    clock_offset,
+    steal_share,
+    summarise_level,
+    table,
+)
 from engine_adapter.prompts import load_presets  # noqa: E402
 from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app, tiny_app_args  # noqa: E402
 
@@ -273,6 +280,7 @@ class Session:
         running = self.set_load(load)
         self.page.wait_for_timeout(self.s.settle_s * 1000)
         start_ms = self.page.evaluate("() => Date.now()")
+        cpu_before = psutil.cpu_times()
         seen: list[StepSeen] = []
         expected = 0
         for _ in range(self.s.requests):
@@ -285,6 +293,7 @@ class Session:
         if left_ms > 0:
             self.page.wait_for_timeout(left_ms)
         end_ms = self.page.evaluate("() => Date.now()")
+        steal = steal_share(cpu_before, psutil.cpu_times())
         charts = self.page.evaluate("() => window.__uiLatency.charts")
         long_tasks = [tuple(x) for x in self.page.evaluate("() => window.__uiLatency.long")]
         seen_running = max(x for x in (running, now_running, 0) if x is not None)
@@ -300,6 +309,7 @@ class Session:
             seen_running,
             bg_rate,
             long_tasks,
+            steal,
         )
 
 

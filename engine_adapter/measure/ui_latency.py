@@ -23,6 +23,9 @@ Contract (pure: no engine, browser or network; ``scripts/ui_latency.py`` feeds i
 - ``busy_share(tasks_ms, start_ms, end_ms)``: the page's main-thread long tasks (Chromium's
   ``longtask`` entries, each (start, duration) in epoch ms) that overlap the window, and
   the share of the window they cover: time the page could not draw a step.
+- ``steal_share(before, after)``: the share of the machine's CPU time the hypervisor gave to
+  other guests between two ``psutil.cpu_times()`` reads (Linux's ``steal``; 0 on bare metal,
+  ``None`` where the platform does not report it): a level measured under steal had less CPU.
 - ``summarise_level(...)`` -> ``LevelResult``; ``table(results)`` the printed table.
 """
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,7 @@ class LevelResult:
     # the page's main thread: its long tasks (over 50 ms, Chromium's longtask entries) inside the window
     long_tasks: int | None = None
     long_task_share: float | None = None  # their summed time over the window's, 0..1
+    cpu_steal_share: float | None = None  # the machine's CPU time stolen by its hypervisor in the level, 0..1
 
     @property
     def total_tokens_per_s(self) -> float | None:
@@ -163,6 +168,14 @@ def busy_share(tasks_ms: Sequence[tuple[float, float]], start_ms: float, end_ms:
     return len(overlap), sum(b - a for a, b in overlap) / span
 
 
+def steal_share(before: Any, after: Any) -> float | None:
+    """Stolen CPU time over all CPU time between two ``psutil.cpu_times()`` reads (named tuples, seconds)."""
+    if not hasattr(before, "steal") or not hasattr(after, "steal"):
+        return None
+    total = sum(after) - sum(before)
+    return (after.steal - before.steal) / total if total > 0 else None
+
+
 def summarise_level(
     load: int,
     requests: int,
@@ -174,6 +187,7 @@ def summarise_level(
     running_in_engine: int | None = None,
     background_tokens_per_s: float | None = None,
     long_tasks_ms: Sequence[tuple[float, float]] | None = None,
+    cpu_steal_share: float | None = None,
 ) -> LevelResult:
     steps = step_latencies(seen, offset_s)
     lat = [s.latency_ms for s in steps]
@@ -199,6 +213,7 @@ def summarise_level(
         background_tokens_per_s=background_tokens_per_s,
         long_tasks=busy[0],
         long_task_share=busy[1],
+        cpu_steal_share=cpu_steal_share,
     )
 
 
@@ -213,7 +228,7 @@ def _rate(x: float | None) -> str:
 def table(results: Sequence[LevelResult]) -> str:
     head = (
         "load  running  requests  steps (of)  p50 ms  p95 ms  max ms  net p50  net p95  chart/s  max gap ms"
-        "  fg tok/s  bg tok/s  total tok/s  busy"
+        "  fg tok/s  bg tok/s  total tok/s  busy  steal"
     )
     rows = [
         f"{r.load:>4}  {r.running_in_engine if r.running_in_engine is not None else '-':>7}  {r.requests:>8}  "
@@ -222,6 +237,7 @@ def table(results: Sequence[LevelResult]) -> str:
         f"  {_rate(r.foreground_tokens_per_s):>8}  {_rate(r.background_tokens_per_s):>8}"
         f"  {_rate(r.total_tokens_per_s):>11}"
         f"  {'-' if r.long_task_share is None else f'{r.long_task_share:.2f}':>4}"
+        f"  {'-' if r.cpu_steal_share is None else f'{r.cpu_steal_share:.2f}':>5}"
         for r in results
     ]
     return "\n".join([head, *rows])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import namedtuple
 
 import pytest
 
@@ -13,6 +14,7 @@ from engine_adapter.measure.ui_latency import (
     foreground_rate,
     percentile,
     refresh_rate,
+    steal_share,
     step_latencies,
     summarise_level,
     table,
@@ -114,6 +116,23 @@ def test_refresh_rate(times, window, expected):
 def test_busy_share_of_the_pages_main_thread(tasks, window, expected):
     n, share = busy_share(tasks, *window)
     assert (n, share) == (expected[0], pytest.approx(expected[1]))
+
+
+CpuTimes = namedtuple("CpuTimes", "user system idle steal")  # psutil.cpu_times() on Linux, in part
+NoSteal = namedtuple("NoSteal", "user system idle")  # a platform that does not report steal
+
+
+@pytest.mark.parametrize(
+    "before, after, expected",
+    [
+        (CpuTimes(10, 5, 80, 5), CpuTimes(30, 15, 110, 25), 0.25),  # 20 of 80 s stolen
+        (CpuTimes(10, 5, 80, 5), CpuTimes(20, 5, 90, 5), 0.0),
+        (CpuTimes(10, 5, 80, 5), CpuTimes(10, 5, 80, 5), None),  # no time passed
+        (NoSteal(10, 5, 80), NoSteal(20, 5, 90), None),
+    ],
+)
+def test_steal_share_of_the_machines_cpu(before, after, expected):
+    assert steal_share(before, after) == (None if expected is None else pytest.approx(expected))
 
 
 def test_clock_offset_takes_the_narrowest_bracket():
