@@ -177,7 +177,8 @@ class EngineService:
             except Exception as e:  # e.g. the control channel refused: said in the page, never a silent "starting"
                 self._set(state="failed", error=f"the engine started, but its K policy could not be set: {e!r}")
                 return
-            # what the start loaded (tokenizer, cost model, clients) leaves the collector's generations:
+            # what the start loaded (tokenizer, cost model, clients) leaves the collector's generations
+            # until the engine is closed (``_teardown``):
             # a full collection of the app's heap stalled every event loop of the process 0.5-0.9 s on
             # 2 cores, and the token view with it (docs/benchmarks.md, UI latency, 2026-12-03)
             gc.freeze()
@@ -203,6 +204,9 @@ class EngineService:
         if self._engine is not None:
             engine, self._engine = self._engine, None
             await engine.close()
+            # the closed engine's objects were frozen at its ready (below): hand them back to the
+            # collector so their reference cycles are freed; the next ready freezes again
+            gc.unfreeze()
 
     async def _start_prom(self) -> None:
         self._prom_task = asyncio.create_task(self._poll_prom())

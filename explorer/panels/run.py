@@ -140,10 +140,12 @@ class RunPanel:
                 steps += new
                 times += [(s.t, len(s.emitted)) for s in new]
                 results = [item for item in batch if isinstance(item, RequestResult)]
-                if results:  # the tokens first, the request's two charts in a message of their own
+                if results:
                     final = self._finished(results[-1], text, times)
+                    # the last tokens first, without the request's two charts (drawing them held the
+                    # page for a step), then the whole result: an API caller's last message is complete
                     yield {c: v for c, v in final.items() if c not in (self.hist, self.pos)}
-                    yield {self.hist: final[self.hist], self.pos: final[self.pos]}
+                    yield final
                 elif new:
                     yield {
                         self.view: token_view_value(steps, streaming=True, prompt=text),

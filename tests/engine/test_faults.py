@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import time
@@ -32,6 +33,7 @@ def service(tiny):
     yield svc
     svc.close()
     assert wait_gone(str(tiny.same), 30) == [], "an engine outlived the service"
+    assert gc.get_freeze_count() == 0, "the closed engine's objects are still frozen (out of the collector's reach)"
 
 
 def _wait(service: EngineService, states: set[str], timeout_s: float, min_generation: int = 0):
@@ -44,6 +46,12 @@ def _wait(service: EngineService, states: set[str], timeout_s: float, min_genera
         time.sleep(0.2)
     st = service.status()
     pytest.fail(f"service state {st.state} ({st.error}; {st.progress}), wanted {states}")
+
+
+def test_a_ready_engines_start_up_heap_is_out_of_the_collectors_way(service):
+    """gc.freeze at ready: full collections of the start-up heap stalled the page's event loop."""
+    _wait(service, {"ready"}, 300)
+    assert gc.get_freeze_count() > 0
 
 
 def _vllm_server_pid(service: EngineService, timeout_s: float = 30) -> tuple[int, int]:
