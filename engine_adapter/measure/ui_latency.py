@@ -168,11 +168,16 @@ def busy_share(tasks_ms: Sequence[tuple[float, float]], start_ms: float, end_ms:
     return len(overlap), sum(b - a for a, b in overlap) / span
 
 
+# Linux counts a guest's own virtual CPUs inside user and nice as well: summed once, not twice
+COUNTED_ELSEWHERE = ("guest", "guest_nice")
+
+
 def steal_share(before: Any, after: Any) -> float | None:
     """Stolen CPU time over all CPU time between two ``psutil.cpu_times()`` reads (named tuples, seconds)."""
     if not hasattr(before, "steal") or not hasattr(after, "steal"):
         return None
-    total = sum(after) - sum(before)
+    fields = [f for f in after._fields if f not in COUNTED_ELSEWHERE]
+    total = sum(getattr(after, f) - getattr(before, f) for f in fields)
     return (after.steal - before.steal) / total if total > 0 else None
 
 

@@ -120,6 +120,7 @@ def test_busy_share_of_the_pages_main_thread(tasks, window, expected):
 
 CpuTimes = namedtuple("CpuTimes", "user system idle steal")  # psutil.cpu_times() on Linux, in part
 NoSteal = namedtuple("NoSteal", "user system idle")  # a platform that does not report steal
+LinuxTimes = namedtuple("LinuxTimes", "user nice system idle steal guest guest_nice")  # guest: inside user/nice
 
 
 @pytest.mark.parametrize(
@@ -129,6 +130,7 @@ NoSteal = namedtuple("NoSteal", "user system idle")  # a platform that does not 
         (CpuTimes(10, 5, 80, 5), CpuTimes(20, 5, 90, 5), 0.0),
         (CpuTimes(10, 5, 80, 5), CpuTimes(10, 5, 80, 5), None),  # no time passed
         (NoSteal(10, 5, 80), NoSteal(20, 5, 90), None),
+        (LinuxTimes(10, 0, 5, 80, 5, 0, 0), LinuxTimes(30, 10, 15, 100, 25, 10, 10), 0.25),  # 20 of 80 s
     ],
 )
 def test_steal_share_of_the_machines_cpu(before, after, expected):
