@@ -10,14 +10,19 @@ to app.py as they are, to compare engine settings), opens it in Debian's chromiu
 measuring its cost model), and at each background load (the page's own ``#load`` slider)
 runs ``--requests`` foreground requests (``#prompt``, ``#run``) of ``--max-tokens`` tokens.
 
-What it measures, in the browser: a MutationObserver on ``#token-view`` notes
-``Date.now()`` (ms since the epoch) when each step's span (``data-step``, ``data-t`` =
-``Step.t``, the engine host's ``time.monotonic()`` at the end of the step) first appears;
-the latency is that minus the step's time on the epoch clock (offset measured here:
-engine, app, browser and this script share one host and its clocks). A tee of Gradio's
+What it measures, in the browser: a MutationObserver on ``#token-view`` notes the page's
+clock (``performance.timeOrigin + performance.now()``, ms) when each step's span
+(``data-step``, ``data-t`` = ``Step.t``, the engine host's ``time.monotonic()`` at the end
+of the step) first appears; the latency is that minus the step's time on the page's clock.
+Both clocks are monotonic (Chromium's ``performance.now()`` and Python's ``time.monotonic()``
+read Linux's CLOCK_MONOTONIC: engine, app, browser and this script share one host); their
+offset is measured here through the page, at the start and again at the end (``drift_ms``).
+The wall clock (``Date.now()``, ``time.time()``) is not used: a virtual machine's clock can
+be stepped by seconds in the middle of a run (seen 2026-12-03: 4.9 s). A tee of Gradio's
 event stream (``/queue/data``, read through ``fetch``) notes when the page's script first
-read each step's ``"ts"``: the part of the latency before rendering (the read runs on
-the page's main thread, so it is an upper bound on the wire arrival). Plotly's
+read each step's ``data-t`` (in the token view's markup, JSON-escaped): the part of the
+latency before rendering (the read runs on the page's main thread, so it is an upper bound
+on the wire arrival). Plotly's
 ``plotly_react`` event on ``#live-charts`` counts the live charts' redraws per second over
 the level's window (requests plus at least ``--window-s``). Statistics:
 engine_adapter/measure/ui_latency.py. Report: a table, then JSON as the last line.
@@ -61,9 +66,10 @@ from engine_adapter.measure.ui_latency import (  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
 from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app, tiny_app_args  # noqa: E402
 
-# Before the page's own scripts: the first arrival of each step's "ts" in Gradio's event stream
+# Before the page's own scripts: the first arrival of each step's data-t in Gradio's event stream
 # (/queue/data, read through fetch), from a tee of the stream the page reads unchanged.
 NET_TAP_JS = r"""(() => {
+  const PAGE_NOW = () => performance.timeOrigin + performance.now();
   const net = window.__uiLatencyNet = {};
   const orig = window.fetch;
   window.fetch = async (...args) => {
@@ -77,24 +83,26 @@ NET_TAP_JS = r"""(() => {
       for (;;) {
         const {done, value} = await rd.read();
         if (done) break;
-        const now = Date.now();
+        const now = PAGE_NOW();
         buf += dec.decode(value, {stream: true});
         const cut = buf.lastIndexOf('\n');
         if (cut < 0) continue;
-        for (const m of buf.slice(0, cut).matchAll(/"ts":\s*"([0-9.]+)"/g)) if (!(m[1] in net)) net[m[1]] = now;
+        for (const m of buf.slice(0, cut).matchAll(/data-t=\\"([0-9.]+)\\"/g)) if (!(m[1] in net)) net[m[1]] = now;
         buf = buf.slice(cut + 1);
       }
     })();
     return new Response(theirs, {headers: r.headers, status: r.status, statusText: r.statusText});
   };
 })();"""
+PAGE_NOW_JS = "() => performance.timeOrigin + performance.now()"  # the page's clock, ms (monotonic)
 # Installed once in the page: first sightings of token-view steps, and live-chart redraws.
 OBSERVER_JS = """() => {
   if (window.__uiLatency) return;
+  const PAGE_NOW = () => performance.timeOrigin + performance.now();
   const st = window.__uiLatency = {steps: [], charts: [], seen: new Set(), gd: null};
   const view = document.querySelector('#token-view');
   const scan = () => {
-    const now = Date.now();
+    const now = PAGE_NOW();
     for (const el of view.querySelectorAll('.tv-step[data-t]')) {
       const key = el.dataset.step + '@' + el.dataset.t;
       if (st.seen.has(key)) continue;
@@ -114,7 +122,7 @@ OBSERVER_JS = """() => {
     const gd = document.querySelector('#live-charts .js-plotly-plot');
     if (gd && gd !== st.gd && typeof gd.on === 'function') {
       st.gd = gd;
-      gd.on('plotly_react', () => st.charts.push(Date.now()));
+      gd.on('plotly_react', () => st.charts.push(PAGE_NOW()));
     }
   };
   hook();
@@ -168,8 +176,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--drop-events",
         default="",
-        help="an experiment: the page's events with these API names (comma-separated, e.g. live,policy_live) "
-        "are never sent to the app, to measure what they cost the token view",
+        help="an experiment: the page's events with these API names (comma-separated, e.g. live,policy_live, "
+        "top_lines for the status line) are never sent to the app, to measure what they cost the token view",
     )
     p.add_argument("--log", default=None, help="the app's log file (default: a temporary file)")
     return p.parse_args(argv)
@@ -279,7 +287,7 @@ class Session:
     def level(self, load: int, offset_s: float) -> LevelResult:
         running = self.set_load(load)
         self.page.wait_for_timeout(self.s.settle_s * 1000)
-        start_ms = self.page.evaluate("() => Date.now()")
+        start_ms = self.page.evaluate(PAGE_NOW_JS)
         cpu_before = psutil.cpu_times()
         seen: list[StepSeen] = []
         expected = 0
@@ -289,10 +297,10 @@ class Session:
             expected += n
         readout = self.page.locator("#load-readout").inner_text()
         _, now_running = readout_numbers(readout)
-        left_ms = start_ms + self.s.window_s * 1000 - self.page.evaluate("() => Date.now()")
+        left_ms = start_ms + self.s.window_s * 1000 - self.page.evaluate(PAGE_NOW_JS)
         if left_ms > 0:
             self.page.wait_for_timeout(left_ms)
-        end_ms = self.page.evaluate("() => Date.now()")
+        end_ms = self.page.evaluate(PAGE_NOW_JS)
         steal = steal_share(cpu_before, psutil.cpu_times())
         charts = self.page.evaluate("() => window.__uiLatency.charts")
         long_tasks = [tuple(x) for x in self.page.evaluate("() => window.__uiLatency.long")]
@@ -314,22 +322,41 @@ class Session:
 
 
 def drop_events(page: Any, url: str, api_names: list[str]) -> None:
-    """Answer the page's queue joins for these events ourselves, so the app never runs them (a timer whose
-    tick never completes does not tick again: Gradio's trigger_mode "once")."""
+    """Answer the page's calls of these events ourselves, so the app never runs them: a queued event's join
+    (a timer whose tick never completes does not tick again: Gradio's trigger_mode "once"), a plain
+    (queue=False) event's request with "no change" for each output, and a fetch of the endpoint by name
+    (the status line's timer fetches /top_lines itself) with 503."""
     deps = httpx.get(f"{url}/config", timeout=10).json()["dependencies"]
-    ids = {d["id"] for d in deps if d.get("api_name") in api_names}
+    chosen = {d["id"]: d for d in deps if d.get("api_name") in api_names}
     missing = set(api_names) - {d.get("api_name") for d in deps}
     if missing:
         raise RuntimeError(f"--drop-events: no event named {sorted(missing)}")
 
-    def handle(route: Any) -> None:
+    def join(route: Any) -> None:
         body = route.request.post_data_json or {}
-        if body.get("fn_index") in ids:
+        if body.get("fn_index") in chosen:
             route.fulfill(status=200, json={"event_id": f"dropped-{body.get('fn_index')}"})
         else:
             route.continue_()
 
-    page.route("**/queue/join*", handle)
+    def plain(route: Any) -> None:
+        body = route.request.post_data_json or {}
+        dep = chosen.get(body.get("fn_index"))
+        if dep is None:
+            route.continue_()
+            return
+        unchanged = [{"__type__": "update"}] * len(dep.get("outputs", []))
+        route.fulfill(status=200, json={"data": unchanged, "is_generating": False, "changed_state_ids": []})
+
+    page.route("**/queue/join*", join)
+    page.route("**/run/predict*", plain)
+    for name in api_names:
+        page.route(f"**/run/{name}", lambda route: route.fulfill(status=503, body="dropped"))
+
+
+def page_clock_offset(page: Any) -> tuple[float, float]:
+    """(the page's clock - time.monotonic(), bracket) in seconds, read through the page."""
+    return clock_offset(lambda: page.evaluate(PAGE_NOW_JS) / 1000.0, time.monotonic)
 
 
 def measure(url: str, settings: Settings) -> tuple[list[LevelResult], dict[str, Any]]:
@@ -338,7 +365,6 @@ def measure(url: str, settings: Settings) -> tuple[list[LevelResult], dict[str, 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise RuntimeError("Debian's chromium is not installed (apt-get install chromium)")
-    offset_start, width = clock_offset(time.time, time.monotonic)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
@@ -347,6 +373,7 @@ def measure(url: str, settings: Settings) -> tuple[list[LevelResult], dict[str, 
             if settings.drop_events:
                 drop_events(page, url, settings.drop_events)
             page.goto(url)
+            offset_start, width = page_clock_offset(page)
             session = Session(page, settings)
             session.wait_engine_ready()
             results = []
@@ -360,11 +387,11 @@ def measure(url: str, settings: Settings) -> tuple[list[LevelResult], dict[str, 
                 except Exception as e:  # the app's stop ends the load anyway; keep the first error
                     print(f"could not set the load back to 0: {e}", file=sys.stderr)
             version = browser.version
+            offset_end, _ = page_clock_offset(page)
         finally:
             browser.close()
-    offset_end, _ = clock_offset(time.time, time.monotonic)
     clock = {
-        "epoch_minus_monotonic_s": round(offset_start, 6),
+        "page_minus_monotonic_s": round(offset_start, 6),
         "bracket_us": round(width * 1e6, 1),
         "drift_ms": round((offset_end - offset_start) * 1000, 3),
     }

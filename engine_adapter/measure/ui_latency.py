@@ -4,16 +4,17 @@ Contract (pure: no engine, browser or network; ``scripts/ui_latency.py`` feeds i
 
 - ``StepSeen``: one engine step of a foreground request as the page first showed it:
   its index (``data-step``), its engine time ``t`` (``data-t``: ``Step.t``, seconds of
-  the engine host's ``time.monotonic()``) and ``seen_ms``, the browser's ``Date.now()``
-  (milliseconds since the epoch) in the MutationObserver callback where its span first
+  the engine host's ``time.monotonic()``) and ``seen_ms``, the page's clock
+  (``performance.timeOrigin + performance.now()``, ms) in the MutationObserver callback where its span first
   appeared in the token view; ``net_ms``, where known, when the page's script first read
-  the server-sent event that carried the step (its ``"ts"``), on the same clock (the read
+  the server-sent event that carried the step (its ``data-t``), on the same clock (the read
   runs on the page's main thread: an upper bound on the event's arrival).
-- ``clock_offset(wall, mono)``: ``time.time() - time.monotonic()`` in seconds, read
-  between two monotonic reads (the narrowest bracket of ``n``); valid for the engine's
-  times when the engine, this process and the browser share one host (Linux's
-  CLOCK_MONOTONIC is one clock for every process; ``Date.now()`` and ``time.time()``
-  both read CLOCK_REALTIME).
+- ``clock_offset(clock, mono)``: ``clock() - time.monotonic()`` in seconds, read
+  between two monotonic reads (the narrowest bracket of ``n``); the script passes the
+  page's clock, read through the page: valid for the engine's times when the engine, this
+  process and the browser share one host (Linux's CLOCK_MONOTONIC is one clock for every
+  process, and Chromium's ``performance.now()`` reads it; the wall clock, which a virtual
+  machine may step, is not used).
 - ``step_latencies(seen, offset_s)``: each (request, step) once, at its first sighting;
   latency in milliseconds = ``seen_ms - (t + offset_s) * 1000`` (and the same for ``net_ms``:
   the part of it spent before the page had the data).
@@ -21,7 +22,7 @@ Contract (pure: no engine, browser or network; ``scripts/ui_latency.py`` feeds i
   default), ``q`` in 0..100; ``None`` for no values.
 - ``refresh_rate(times_ms, start_ms, end_ms)``: chart redraws per second inside the window.
 - ``busy_share(tasks_ms, start_ms, end_ms)``: the page's main-thread long tasks (Chromium's
-  ``longtask`` entries, each (start, duration) in epoch ms) that overlap the window, and
+  ``longtask`` entries, each (start, duration) in ms of the page's clock) that overlap the window, and
   the share of the window they cover: time the page could not draw a step.
 - ``steal_share(before, after)``: the share of the machine's CPU time the hypervisor gave to
   other guests between two ``psutil.cpu_times()`` reads (Linux's ``steal``; 0 on bare metal,
@@ -42,9 +43,9 @@ class StepSeen:
     request: int  # the benchmark's request number (unique within a run)
     step: int  # the request's step index (data-step)
     t: float  # Step.t: engine host's time.monotonic(), seconds
-    seen_ms: float  # browser Date.now() at first appearance, ms since the epoch
+    seen_ms: float  # the page's clock at first appearance, ms (performance.timeOrigin + performance.now())
     tokens: int = 0  # emitted tokens shown for the step (rejected ghosts left out)
-    net_ms: float | None = None  # browser Date.now() when the event carrying it arrived, ms since the epoch
+    net_ms: float | None = None  # the page's clock when the event carrying it arrived, ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,14 +89,14 @@ class LevelResult:
         return self.foreground_tokens_per_s + (self.background_tokens_per_s or 0.0)
 
 
-def clock_offset(wall: Callable[[], float], mono: Callable[[], float], n: int = 9) -> tuple[float, float]:
-    """(epoch - monotonic offset, bracket width) in seconds, from the narrowest of ``n`` brackets."""
+def clock_offset(clock: Callable[[], float], mono: Callable[[], float], n: int = 9) -> tuple[float, float]:
+    """(clock - monotonic offset, bracket width) in seconds, from the narrowest of ``n`` brackets."""
     best: tuple[float, float] | None = None
     for _ in range(max(n, 1)):
         a = mono()
-        w = wall()
+        c = clock()
         b = mono()
-        cand = (w - (a + b) / 2, b - a)
+        cand = (c - (a + b) / 2, b - a)
         if best is None or cand[1] < best[1]:
             best = cand
     assert best is not None

@@ -9,7 +9,8 @@ restarts the engine with ``config`` changed in those two (a live K policy
 keeps room for the chosen K). ``wire()`` connects them.
 
 API names: /apply (method, K, unlocked) -> status line; /status -> status line;
-/acceptance_banner -> the banner.
+/acceptance_banner -> the banner; /top_lines -> both (not queued: the page's timer
+fetches it every second, ``assets/top_lines.js``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from types import MappingProxyType
 import gradio as gr
 
 from engine_adapter.engine_config import EngineConfig, available_methods
+from engine_adapter.package_data import assets_dir
 from engine_adapter.service.backend import Backend
 from explorer.panels.presenter import Presenter, build_presenter_box
 from explorer.views.status import acceptance_banner_markdown, status_markdown
@@ -57,9 +59,12 @@ class EnginePanel:
 
     def wire(self) -> None:
         self.apply_btn.click(self.apply, [self.method, self.k, self.unlocked], self.status, api_name="apply")
-        # one timer for both lines: every event costs the page's main thread (Gradio updates the loading
-        # state of every component at each of an event's messages)
-        gr.Timer(1.0).tick(self.top_lines, None, [self.status, self.banner], api_name=False, show_progress="hidden")
+        # one timer for both lines, whose tick runs in the page only (assets/top_lines.js fetches
+        # /top_lines): an event with a backend function costs the page's main thread at each of its
+        # messages (Gradio updates the loading state of every component), and the token view waits
+        gr.api(self.top_lines, api_name="top_lines", queue=False)
+        top_lines_js = (assets_dir() / "top_lines.js").read_text()
+        gr.Timer(1.0).tick(None, [self.status, self.banner], [self.status, self.banner], js=top_lines_js)
         gr.api(self.status_line, api_name="status")
         gr.api(self.banner_line, api_name="acceptance_banner")
 

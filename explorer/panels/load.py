@@ -76,6 +76,7 @@ class LoadPanel:
             [self.live, self.readout, self.drawn],
             api_name="live",
             show_progress="hidden",
+            queue=False,  # a plain request: fewer status messages for the page (panels/engine.py)
         )
         page.unload(self.leave)  # a closed tab or a reload ends the session: its background load stops
 

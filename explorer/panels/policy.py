@@ -141,6 +141,7 @@ class PolicyPanel:
             None,
             [self.policy, self.k, self.table, self.sync_timer],
             show_progress="hidden",
+            queue=False,  # a plain request: fewer status messages for the page (panels/engine.py)
         )
         self.drawn = gr.State(None)  # chart -> the key of what this page's chart shows (``refresh``)
         gr.Timer(CHART_REFRESH_S).tick(
@@ -149,6 +150,7 @@ class PolicyPanel:
             [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot, self.drawn],
             api_name="policy_live",
             show_progress="hidden",
+            queue=False,
         )
 
     async def apply(self, kind: str, k_value: float, rows: Any, may: bool) -> str:

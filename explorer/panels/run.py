@@ -13,12 +13,13 @@ request for the prompt (``Backend.replay_prompt``). Refusals and errors show in
 the token view, never as exceptions.
 
 API names: /run (prompt, temperature, max tokens) -> (token view, card,
-histogram, positions, trace) streamed; /lossless (temperature) -> (verdict,
+histogram, positions, trace: the recorder's JSON line as a string) streamed; /lossless (temperature) -> (verdict,
 text with speculation, text without); /pick (preset label) -> prompt.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -84,7 +85,9 @@ class RunPanel:
                 self.spec_text = gr.Textbox(label="with speculation", lines=8, interactive=False)
                 self.plain_text = gr.Textbox(label="speculation off", lines=8, interactive=False)
         with gr.Accordion("This request's trace (the recorder's JSON)", open=False):
-            self.trace = gr.JSON(elem_id="trace", show_label=False)
+            # the JSON as text: a string is cheap for the page's client to copy at every event (a nested
+            # value is deep-copied at each status message; docs/benchmarks.md, "UI latency")
+            self.trace = gr.Code(language="json", elem_id="trace", show_label=False, interactive=False)
         self.last = gr.State(None)  # this page's last RequestResult
         self.step_times = gr.State([])  # (t, tokens) of this page's foreground steps
         self.request_id = gr.State(None)  # this page's current request id (to find it in the auction grid)
@@ -169,7 +172,7 @@ class RunPanel:
             self.pos: position_figure(result),
             self.last: result,
             self.step_times: times,
-            self.trace: request_line(result),
+            self.trace: json.dumps(request_line(result), indent=1, ensure_ascii=False),
             self.request_id: result.request_id,
         }
 

@@ -1,10 +1,13 @@
-"""The token provenance view's value: adapter ``Step`` records as the JSON its template renders.
+"""The token provenance view's value: adapter ``Step`` records as the markup its template shows.
 
 Contract: ``token_view_value(steps, ...)`` turns adapter ``Step`` records into
-the JSON value the template (``assets/token_view.html``, drawn by
-``explorer.components.TokenView``) renders; every string (token text, tooltips,
-messages) is made inert here by ``inert()``, before it reaches the template,
-which inserts them raw (``{{{...}}}``) for that reason. Inert means more than
+the value the template (``assets/token_view.html``, drawn by
+``explorer.components.TokenView``) renders: ``html``, the steps' markup in one
+string (``step_html`` per step: a ``tv-step`` span of ``tv-tok k-<kind>`` spans,
+rejected drafts last, each with its tooltip in ``data-tip``), ``steps`` (how
+many), and the prompt, message, level, streaming flag and footer; every string
+(token text, tooltips, messages) is made inert here by ``inert()``, before it
+reaches the template, which inserts them raw (``{{{...}}}``) for that reason. Inert means more than
 HTML-escaped: Gradio evaluates the Handlebars output as a JavaScript template
 literal, so ``$``, backtick and backslash become HTML entities too (a token
 ``${alert(1)}`` must print, never run).
@@ -98,6 +101,20 @@ def _tip(tok: Token, step: Step, across: bool = False) -> str:
     return inert("\n".join(lines))
 
 
+def step_html(step: Step, across: bool = False) -> str:
+    """One engine step as the view's markup: its emitted tokens, then its rejected drafts (ghosts)."""
+    kept = "".join(
+        f'<span class="tv-tok k-{inert(t.kind)}" data-tip="{_tip(t, step, across)}">{token_html(t.text)}</span>'
+        for t in step.tokens
+    )
+    ghosts = "".join(
+        f'<span class="tv-tok k-rejected" data-tip="{_tip(t, step, across)}">{token_html(t.text)}</span>'
+        for t in step.rejected
+    )
+    # data-t: a number only, inert as it is
+    return f'<span class="tv-step" data-step="{int(step.index)}" data-t="{float(step.t):.6f}">{kept}{ghosts}</span>'
+
+
 def token_view_value(
     steps: Sequence[Step],
     *,
@@ -110,15 +127,10 @@ def token_view_value(
     across = drafted_across_hole(steps)
     return {
         "prompt": _visible(prompt) if prompt else None,
-        "steps": [
-            {
-                "i": s.index,
-                "ts": f"{float(s.t):.6f}",  # a number only: inert as it is
-                "t": [{"h": token_html(t.text), "k": t.kind, "tip": _tip(t, s, s.index in across)} for t in s.tokens],
-                "r": [{"h": token_html(t.text), "tip": _tip(t, s, s.index in across)} for t in s.rejected],
-            }
-            for s in steps
-        ],
+        # one string, not a list of steps: the page's Gradio client deep-copies every output
+        # component's value at each status message of any event (docs/benchmarks.md, "UI latency")
+        "html": "".join(step_html(s, s.index in across) for s in steps),
+        "steps": len(steps),
         "message": inert(message) if message else None,
         "level": level if level in ("info", "warn", "error") else "info",
         "streaming": streaming,

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from gradio_client import Client
+
+from tests.support.token_view_markup import view_steps
 
 N_TOKENS = 512  # "def fibonacci(n):" runs to the length limit on the tiny pair ("def add" stops at 161)
 
@@ -15,14 +19,15 @@ def test_run_streams_coloured_tokens_and_the_card(app_url):
     job = client.submit("def fibonacci(n):", 0.0, N_TOKENS, api_name="/run")
     updates = list(job)
     view, card, _hist, _pos, trace = updates[-1]
+    trace = json.loads(trace)  # the recorder's JSON line, as text
     streamed_s = float(trace["steps"][-1]["t"]) - float(trace["steps"][0]["t"])
     print(f"{len(updates)} updates over {streamed_s:.2f} s of engine steps")
     assert len(updates) >= 3, f"the token view should update while the request streams ({streamed_s:.2f} s)"
     # the view grows, step by step, from an empty one at once (the click's feedback) while it streams
-    partial = [len([t for s in u[0]["steps"] for t in s["t"]]) for u in updates if u[0]["streaming"]]
+    partial = [len([t for s in view_steps(u[0]) for t in s["t"]]) for u in updates if u[0]["streaming"]]
     assert partial[0] == 0 and len(partial) >= 3, partial
     assert partial == sorted(partial) and partial[-1] < N_TOKENS, partial
-    kinds = [t["k"] for s in view["steps"] for t in s["t"]]
+    kinds = [t["k"] for s in view_steps(view) for t in s["t"]]
     assert "prefill" in kinds and set(kinds) & {"accepted", "recovered", "bonus"}
     assert len(kinds) == N_TOKENS
     # the page shows the engine's own numbers for this very request
@@ -31,7 +36,7 @@ def test_run_streams_coloured_tokens_and_the_card(app_url):
     assert f"draft_acceptance_rate = {m['draft_acceptance_rate']:.3f}" in card
     assert f"mean_acceptance_length = {m['mean_acceptance_length']:.3f}" in card
     assert f"drafted **{m['num_draft_tokens']}**" in card
-    assert [len(s["r"]) for s in view["steps"]] == [
+    assert [len(s["r"]) for s in view_steps(view)] == [
         len(s["drafted"]) - s["accepted"] if s["drafted"] else 0 for s in trace["steps"]
     ]
 
@@ -53,7 +58,7 @@ def test_bad_prompts_get_a_clear_message(app_url, prompt, expected):
 def test_html_in_the_prompt_is_inert(app_url):
     client = Client(app_url, verbose=False)
     view, *_ = client.predict("<img src=x onerror=alert(1)> ${alert(2)} `x`", 0.0, 8, api_name="/run")
-    for s in view["steps"]:
+    for s in view_steps(view):
         for t in s["t"] + s["r"]:
             assert "<img" not in t["h"] and "${" not in t["h"] and "`" not in t["h"]
             assert "<" not in t["tip"] and "${" not in t["tip"]
@@ -62,6 +67,7 @@ def test_html_in_the_prompt_is_inert(app_url):
 def test_lossless_check_compares_with_speculation_off(app_url):
     client = Client(app_url, verbose=False)
     *_, trace = client.predict("The quick brown fox", 0.0, 24, api_name="/run")
+    trace = json.loads(trace)
     verdict, spec_text, plain_text = client.predict(0.0, api_name="/lossless")
     assert "Identical: all 24 tokens match" in verdict, verdict
     assert spec_text == plain_text == trace["text"]

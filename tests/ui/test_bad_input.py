@@ -7,11 +7,14 @@ on their own are covered at the token level in tests/test_token_text.py.)
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 from gradio_client import Client
 from gradio_client.exceptions import AppError
+
+from tests.support.token_view_markup import view_steps
 
 # Gradio's own check of a slider value sent through the API (a clear refusal too)
 SLIDER = r"(greater than maximum|less than minimum) value"
@@ -52,6 +55,7 @@ def test_run_inputs(app_url, case, prompt, temperature, max_tokens, expected):
         assert re.search(expected, said), (case, said)
         return
     view, _card, _hist, _pos, trace = got
+    trace = json.loads(trace)
     assert view.get("level") != "error", view.get("message")
     assert trace and isinstance(trace["text"], str)
     assert len(trace["kinds"]) == len(trace["token_ids"])
@@ -61,7 +65,7 @@ def test_run_inputs(app_url, case, prompt, temperature, max_tokens, expected):
     else:
         assert 0 < len(trace["token_ids"]) <= max_tokens
         assert len(trace["token_ids"]) == max_tokens or trace["finish_reason"] == "stop", trace["finish_reason"]
-    for s in view["steps"]:
+    for s in view_steps(view):
         for t in s["t"] + s["r"]:  # every token and ghost rendered as inert text
             # the only markup is the view's own (spans marking whitespace and empty tokens)
             assert all(re.fullmatch(r'</?span( class="tv-[a-z]+")?>', tag) for tag in re.findall(r"<[^>]*>", t["h"]))
@@ -114,6 +118,7 @@ def test_the_app_still_serves_after_the_table(app_url):
         "fixed", 2, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 1, 1]]}, api_name="/set_policy"
     )
     view, *_, trace = client.predict("def add(a, b):", 0.0, 16, api_name="/run")
+    trace = json.loads(trace)
     assert len(trace["token_ids"]) == 16 and trace["kinds"][0] == "prefill"
     assert re.search(SLIDER, answer(client, "draft", 99, api_name="/apply"))  # K out of range: no restart
     assert "● **Engine ready**" in client.predict(api_name="/status")

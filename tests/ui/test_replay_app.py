@@ -4,6 +4,7 @@ and a live session recorded by the app that replays."""
 from __future__ import annotations
 
 import csv
+import json
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from engine_adapter.trace.format import (
     read_session,
 )
 from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
+from tests.support.token_view_markup import view_steps
 from tests.support.trace_samples import CHART_COLUMNS
 
 ROOT = PROJECT_ROOT
@@ -72,16 +74,17 @@ def test_replay_app_runs_the_recorded_requests(replay_app):
     updates = list(job)
     assert len(updates) >= 3, "the token view should update step by step"
     view, card, _hist, _pos, line = updates[-1]
-    kinds = [t["k"] for s in view["steps"] for t in s["t"]]
+    line = json.loads(line)
+    kinds = [t["k"] for s in view_steps(view) for t in s["t"]]
     assert kinds == wanted["kinds"] and line["token_ids"] == wanted["token_ids"]
     assert line["text"] == wanted["text"] and line["prompt"] == wanted["prompt"]
     assert f"draft_acceptance_rate = {wanted['spec_decode_metrics']['draft_acceptance_rate']:.3f}" in card
-    assert [len(s["r"]) for s in view["steps"]] == [
+    assert [len(s["r"]) for s in view_steps(view)] == [
         len(s["drafted"]) - s["accepted"] if s["drafted"] else 0 for s in wanted["steps"]
     ]
     # an unrecorded prompt plays the next recorded request (the one after it)
     *_, nxt = client.predict("a prompt nobody recorded", 0.0, 8, api_name="/run")
-    assert nxt["token_ids"] == trace.request_lines[2 % len(trace.requests)]["token_ids"]
+    assert json.loads(nxt)["token_ids"] == trace.request_lines[2 % len(trace.requests)]["token_ids"]
     verdict, *_ = client.predict(0.0, api_name="/lossless")
     assert "needs a live engine" in verdict
 
@@ -114,6 +117,7 @@ def test_app_records_a_live_session_that_replays(tiny, tmp_path):
         except AppNotReady as e:
             pytest.fail(f"the app's engine never became ready: {e}")
         *_, live_line = client.predict("def add(a, b):", 0.0, 24, api_name="/run")
+        live_line = json.loads(live_line)
         client.predict(2, api_name="/set_load")
         time.sleep(3)
         client.predict(0, api_name="/set_load")

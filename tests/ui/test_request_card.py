@@ -10,6 +10,7 @@ import pytest
 from engine_adapter.records import RequestResult, Step, Token
 from explorer.views.request_card import card_markdown, histogram_figure, position_figure
 from explorer.views.token_view import token_view_value
+from tests.support.token_view_markup import view_steps
 
 METRICS = {
     "mean_acceptance_length": 1.5,
@@ -80,7 +81,7 @@ def test_the_card_says_when_the_drafter_went_idle(idle_from, says):
         _step(3, [5], [], 0, idle_from is not None),
     ]
     card = card_markdown(_result(steps))
-    tips = [t["tip"] for s in token_view_value(steps)["steps"] for t in s["t"]]
+    tips = [t["tip"] for s in view_steps(token_view_value(steps)) for t in s["t"]]
     if says is None:
         assert "drafter idle" not in card and not any("drafter idle" in t for t in tips)
     else:
@@ -103,7 +104,7 @@ def test_the_card_and_the_tooltips_say_when_the_drafter_caught_up():
     assert "drafter caught up 2 tokens at step 3" in card and "K was 0 at step 1" in card
     assert "drafts for this request again from step 4" in card
     assert "drafter idle from step" not in card  # the hole was filled
-    tips = [[t["tip"] for t in s["t"]] for s in token_view_value(steps)["steps"]]  # per step
+    tips = [[t["tip"] for t in s["t"]] for s in view_steps(token_view_value(steps))]  # per step
     assert all("drafter caught up 2 tokens at step 3" in t for t in tips[3])
     assert sum("drafter idle" in t for ts in tips for t in ts) == 2  # the tokens of steps 1 and 2
     assert not any("drafter caught up" in t for n in (0, 1, 2, 4) for t in tips[n])
@@ -121,7 +122,7 @@ def test_the_card_and_the_tooltips_say_when_the_drafter_drafted_across_its_hole(
     card = card_markdown(_result(steps))
     assert "drafter idle from step 1, drafting across the hole from step 3" in card
     assert "came from the target alone" not in card and "caught up" not in card
-    tips = [[t["tip"] for t in s["t"]] for s in token_view_value(steps)["steps"]]
+    tips = [[t["tip"] for t in s["t"]] for s in view_steps(token_view_value(steps))]
     assert all("drafted across a hole" in t for n in (3, 4) for t in tips[n])
     assert not any("drafted across" in t for n in (0, 1, 2) for t in tips[n])
     assert all("drafter idle for this request" in t for n in (1, 2) for t in tips[n])

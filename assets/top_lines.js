@@ -1,0 +1,24 @@
+async (status, banner) => {
+  // The engine's status line and the lossy-rule banner, fetched every second straight from the app's
+  // /top_lines endpoint (a plain request, queue=False). The same tick as a Gradio event with a backend
+  // function made the page's client update the loading state of every component several times per
+  // tick, on the main thread that draws the token view (docs/benchmarks.md, "UI latency"). If the app
+  // does not answer, both lines stay as they were and the status line says so.
+  const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\/$/, '');
+  const note = '⚠ **The app is not answering**: the line below may be out of date.';
+  try {
+    const r = await fetch(`${root}/gradio_api/run/top_lines`, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json' },
+      body: JSON.stringify({ data: [] }),
+    });
+    if (!r.ok) throw new Error(`HTTP ${r.status}`);
+    const { data } = await r.json(); // one output: the pair [status line, banner]
+    const pair = Array.isArray(data) ? data[0] : null;
+    if (!Array.isArray(pair) || pair.length !== 2) throw new Error('unexpected answer');
+    return pair;
+  } catch (e) {
+    const old = String(status || '');
+    return [old.startsWith(note) ? old : `${note}\n\n${old}`, banner];
+  }
+}
