@@ -3,7 +3,9 @@
 Contract: ``build_page(backend, presets, defaults)`` returns the ``gr.Blocks``
 page, laid out from the panels in ``explorer.panels``; ``PageDefaults`` holds
 the engine config the page starts from (what "Apply engine settings" changes),
-the presenter lock and the generation sliders' start values. It reads only what
+the presenter lock and the generation sliders' start values. One timer (API
+/charts, every ``CHART_REFRESH_S``) refreshes the load panel's live chart and readout
+and the K-policy panel together. It reads only what
 the ``Backend`` (``engine_adapter.service.backend``) returns; it never parses
 vLLM's wire format.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import gradio as gr
 
@@ -23,11 +26,12 @@ from explorer.panels.acceptance import build_acceptance_panel
 from explorer.panels.engine import EnginePanel
 from explorer.panels.export import build_csv_export
 from explorer.panels.load import LoadPanel
-from explorer.panels.policy import build_policy_panel
+from explorer.panels.policy import PolicyPanel, build_policy_panel
 from explorer.panels.presenter import Presenter
 from explorer.panels.replay import build_replay_panel
 from explorer.panels.run import RunPanel
 from explorer.panels.sweep import build_sweep_panel
+from explorer.views.live_charts import CHART_REFRESH_S
 
 TITLE = "Speculative decoding explorer"
 INTRO = f"# {TITLE}\nEvery token below is coloured by where it came from, as the live vLLM engine ran it."
@@ -62,10 +66,29 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
         with gr.Accordion("Why does this happen?", open=False):
             gr.Markdown(data_path("assets", "explain.md").read_text())
         k_max = defaults.config.k_max or defaults.config.k
-        build_policy_panel(page, backend, run.request_id, run.step_times, k_max, unlocked, defaults.presenter)
+        policy = build_policy_panel(page, backend, k_max, unlocked, defaults.presenter)
         build_acceptance_panel(backend, unlocked, defaults.presenter)
         build_sweep_panel(sweeps_dir())
         run.wire()
         engine.wire()
-        load.wire(page, run.step_times)
+        load.wire(page)
+        wire_chart_timer(load, policy, run)
     return page
+
+
+def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, run: RunPanel) -> None:
+    """One timer for the live chart and the K-policy panel, a plain request (queue=False): each event
+    costs the page's main thread at each of its messages (Gradio updates the loading state of every
+    component), and the token view waits (docs/benchmarks.md, "UI latency")."""
+
+    def refresh(times: list, live_drawn: Any, request_id: str | None, policy_drawn: Any, request: gr.Request) -> dict:
+        return {**load.refresh(times, live_drawn, request), **policy.refresh(request_id, times, policy_drawn)}
+
+    gr.Timer(CHART_REFRESH_S).tick(
+        refresh,
+        [run.step_times, load.drawn, run.request_id, policy.drawn],
+        [*load.tick_outputs, *policy.tick_outputs],
+        api_name="charts",
+        show_progress="hidden",
+        queue=False,
+    )

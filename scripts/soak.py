@@ -83,7 +83,7 @@ class User(threading.Thread):
                     said = client.predict(self.rng.randint(0, 8), api_name="/set_load")
                     self.tally("load_set" if not said.startswith("✕") else "load_refused")
                 elif action == "poll":
-                    client.predict([], api_name="/live")
+                    client.predict(api_name="/charts")
                     self.tally("polls")
                 else:  # the tab closes: the heartbeat ends and Gradio's unload fires
                     client.close()

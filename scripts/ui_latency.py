@@ -66,7 +66,8 @@ from engine_adapter.measure.ui_latency import (  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
 from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app, tiny_app_args  # noqa: E402
 
-# Before the page's own scripts: the first arrival of each step's data-t in Gradio's event stream
+# Before the page's own scripts: the first arrival of each step's data-t in Gradio's event stream (or its
+# "ts", the token view's JSON before 2026-12-03, so runs against older commits time the same thing)
 # (/queue/data, read through fetch), from a tee of the stream the page reads unchanged.
 NET_TAP_JS = r"""(() => {
   const PAGE_NOW = () => performance.timeOrigin + performance.now();
@@ -87,7 +88,7 @@ NET_TAP_JS = r"""(() => {
         buf += dec.decode(value, {stream: true});
         const cut = buf.lastIndexOf('\n');
         if (cut < 0) continue;
-        for (const m of buf.slice(0, cut).matchAll(/data-t=\\"([0-9.]+)\\"/g)) if (!(m[1] in net)) net[m[1]] = now;
+        for (const m of buf.slice(0, cut).matchAll(/(?:data-t=\\"|"ts":\s*")([0-9.]+)/g)) if (!(m[1] in net)) net[m[1]] = now;
         buf = buf.slice(cut + 1);
       }
     })();
@@ -176,7 +177,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--drop-events",
         default="",
-        help="an experiment: the page's events with these API names (comma-separated, e.g. live,policy_live, "
+        help="an experiment: the page's events with these API names (comma-separated, e.g. charts, "
         "top_lines for the status line) are never sent to the app, to measure what they cost the token view",
     )
     p.add_argument("--log", default=None, help="the app's log file (default: a temporary file)")

@@ -3,15 +3,17 @@
 Contract: ``LoadPanel(backend)``; ``build_controls()`` adds the "Background load" accordion (slider 0..the
 backend's ``max_background`` requests kept in flight, closed loop, and the
 readout), ``build_chart()`` the live chart of the whole server over the last
-``WINDOW_S`` seconds; ``wire(page, step_times)`` connects them (``step_times``
-is the ``gr.State`` of this page's foreground steps as (monotonic t, tokens
-emitted), drawn as the foreground's tokens/s): a slider change asks the
-backend for this session's share, a timer (``CHART_REFRESH_S``) updates the readout (and keeps the
-session's load alive) and redraws the chart when the engine did something since the page drew it (while
-the page's own request streams, at most every ``STREAMING_REFRESH_S``: the token view goes first);
-closing the page releases the session's load.
+``WINDOW_S`` seconds; ``wire(page)`` connects them: a slider change asks the backend for this
+session's share, closing the page releases the session's load. ``refresh(step_times, drawn,
+request)``, run by the page's chart timer (``explorer.page``, every ``CHART_REFRESH_S``) into
+``tick_outputs`` (``step_times`` is the ``gr.State`` of this page's foreground steps as (monotonic
+t, tokens emitted), drawn as the foreground's tokens/s), updates the readout (and keeps the
+session's load alive) and redraws the chart when the engine did something since the page drew it
+(while the page's own request streams, at most every ``STREAMING_REFRESH_S``: the token view goes
+first).
 
-API names: /set_load (requests) -> readout; /live (step times) -> (figure, readout).
+API names: /set_load (requests) -> readout; the page's /charts (``explorer.page``) -> (figure,
+readout, then the K-policy panel's).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ from gradio.components import Component
 
 from engine_adapter.service.backend import Backend
 from explorer.views.live_charts import (
-    CHART_REFRESH_S,
     WINDOW_S,
     bin_steps,
     chart_due,
@@ -65,19 +66,12 @@ class LoadPanel:
         gr.Markdown(f"## Live engine (whole server, last {WINDOW_S / 60:g} minutes)")
         self.live = gr.Plot(live_figure(bin_steps([], 0.0)), show_label=False, elem_id="live-charts")
 
-    def wire(self, page: gr.Blocks, step_times: gr.State) -> None:
+    def wire(self, page: gr.Blocks) -> None:
         # change (not release) so a typed number counts too; always_last coalesces a drag
         self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
         # (key of what this page's chart shows (views.live_charts.engine_activity), when it was drawn)
         self.drawn = gr.State(None)
-        gr.Timer(CHART_REFRESH_S).tick(
-            self.refresh,
-            [step_times, self.drawn],
-            [self.live, self.readout, self.drawn],
-            api_name="live",
-            show_progress="hidden",
-            queue=False,  # a plain request: fewer status messages for the page (panels/engine.py)
-        )
+        self.tick_outputs = [self.live, self.readout, self.drawn]  # refresh's, on the page's chart timer
         page.unload(self.leave)  # a closed tab or a reload ends the session: its background load stops
 
     async def set_load(self, n: float, request: gr.Request) -> str:

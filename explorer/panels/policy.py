@@ -1,11 +1,9 @@
 """The "K under load" panel: live K policy, K table editor, cost model, auction grid.
 
-Contract: ``build_policy_panel(page, backend, foreground, k_max, unlocked, presenter)``
+Contract: ``build_policy_panel(page, backend, k_max, unlocked, presenter)``
 adds its components inside the enclosing ``gr.Blocks`` ``page`` and wires them
-(on load, the controls show the policy in force); ``foreground`` is the
-``gr.State`` holding this page's current request id (to find it in the auction
-grid), ``unlocked`` the presenter state (``explorer.panels.presenter``),
-``k_max`` the engine's most draft tokens per step (the K slider's top).
+(on load, the controls show the policy in force); ``unlocked`` is the presenter
+state (``explorer.panels.presenter``), ``k_max`` the engine's most draft tokens per step (the K slider's top).
 The table editor is checked on every edit (``views.k_table.table_check``),
 before any Apply. It talks to the engine only through the ``Backend``
 (``set_policy``, ``profile_cost``, ``policy_view``, ``steps_since``); a backend
@@ -15,7 +13,9 @@ auto chart shows the table in force under ``auto``, else
 
 API names: /set_policy (policy, K, table rows) -> status text; /profile;
 /check_edit (table rows) -> the check; /policy_controls -> (policy, K, table)
-as a newly loaded page shows them; /policy_live -> the live figures.
+as a newly loaded page shows them. ``refresh(foreground, step_times, drawn)`` runs on the
+page's chart timer (``explorer.page``, API /charts) into ``tick_outputs``: the status, the
+table in force and the live figures.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from explorer.views.k_table import (
     table_rows,
     table_value,
 )
-from explorer.views.live_charts import CHART_REFRESH_S, engine_activity, streaming
+from explorer.views.live_charts import engine_activity, streaming
 from explorer.views.policy_charts import (
     auction_figure,
     auto_figure,
@@ -111,7 +111,7 @@ class PolicyPanel:
                 self.auto_plot = gr.Plot(show_label=False, elem_id="auto-curve")
                 self.auction_plot = gr.Plot(show_label=False, elem_id="auction-grid")
 
-    def wire(self, page: gr.Blocks, foreground: gr.State, step_times: gr.State, unlocked: gr.State) -> None:
+    def wire(self, page: gr.Blocks, unlocked: gr.State) -> None:
         # the check answers each edit, so an error shows before Apply (and a test can see the edit landed)
         self.table.change(
             self.check_edit, self.table, self.checked, api_name="check_edit", show_progress="hidden", queue=False
@@ -144,14 +144,8 @@ class PolicyPanel:
             queue=False,  # a plain request: fewer status messages for the page (panels/engine.py)
         )
         self.drawn = gr.State(None)  # chart -> the key of what this page's chart shows (``refresh``)
-        gr.Timer(CHART_REFRESH_S).tick(
-            self.refresh,
-            [foreground, step_times, self.drawn],
-            [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot, self.drawn],
-            api_name="policy_live",
-            show_progress="hidden",
-            queue=False,
-        )
+        # refresh's, on the page's chart timer (explorer.page)
+        self.tick_outputs = [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot, self.drawn]
 
     async def apply(self, kind: str, k_value: float, rows: Any, may: bool) -> str:
         if refusal := self.presenter.refusal(may):
@@ -264,13 +258,11 @@ class PolicyPanel:
 def build_policy_panel(
     page: gr.Blocks,
     backend: Backend,
-    foreground: gr.State,
-    step_times: gr.State,
     k_max: int,
     unlocked: gr.State,
     presenter: Presenter,
 ) -> PolicyPanel:
     panel = PolicyPanel(backend, k_max, presenter)
     panel.build()
-    panel.wire(page, foreground, step_times, unlocked)
+    panel.wire(page, unlocked)
     return panel

@@ -93,7 +93,7 @@ def test_replay_app_charts_move_and_export_csv(replay_app):
     url, _ = replay_app
     client = Client(url, verbose=False)
     time.sleep(2)
-    _fig, readout = client.predict([], api_name="/live")
+    _fig, readout, *_policy = client.predict(api_name="/charts")
     assert "Requests running in the engine" in readout
     path = client.predict(api_name="/export_csv")
     rows = list(csv.DictReader(open(path, encoding="utf-8")))
