@@ -88,7 +88,8 @@ NET_TAP_JS = r"""(() => {
         buf += dec.decode(value, {stream: true});
         const cut = buf.lastIndexOf('\n');
         if (cut < 0) continue;
-        for (const m of buf.slice(0, cut).matchAll(/(?:data-t=\\"|"ts":\s*")([0-9.]+)/g)) if (!(m[1] in net)) net[m[1]] = now;
+        const found = buf.slice(0, cut).matchAll(/(?:data-t=\\"|"ts":\s*")([0-9.]+)/g);
+        for (const m of found) if (!(m[1] in net)) net[m[1]] = now;
         buf = buf.slice(cut + 1);
       }
     })();
