@@ -127,6 +127,28 @@ def test_html_and_script_in_the_prompt_render_as_text(page):
     assert "${alert(3)}" in page.locator("#token-view .tv-prompt").inner_text()
 
 
+def test_the_status_line_says_when_the_app_stops_answering(page):
+    """The status line's timer runs in the page (assets/top_lines.js fetches /top_lines): while the
+    app does not answer, the line keeps its last text under a warning; when it answers, the warning goes."""
+    status = page.locator("#engine-status")
+    page.route("**/gradio_api/run/top_lines", lambda route: route.fulfill(status=503, body="down"))
+    try:
+        page.wait_for_function(
+            "() => document.querySelector('#engine-status').innerText.includes('not answering')", timeout=10_000
+        )
+        text = status.inner_text()
+        assert "Engine ready" in text, text  # the last line the app sent, kept under the warning
+        assert text.count("not answering") == 1, text  # said once, not once per tick
+        page.wait_for_timeout(2500)
+        assert status.inner_text().count("not answering") == 1
+    finally:
+        page.unroute("**/gradio_api/run/top_lines")
+    page.wait_for_function(
+        "() => !document.querySelector('#engine-status').innerText.includes('not answering')", timeout=10_000
+    )
+    assert "Engine ready" in status.inner_text()
+
+
 def test_k_policies_switch_live_under_load(page):
     """Edit the K table in the browser, apply it, then the auction: no restart, the panel follows."""
     number = page.locator("#load input[type=number]")
