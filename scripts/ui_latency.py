@@ -70,7 +70,8 @@ from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app, tiny
 # "ts", the token view's JSON before 2026-12-03, so runs against older commits time the same thing)
 # (/queue/data, read through fetch), from a tee of the stream the page reads unchanged.
 NET_TAP_JS = r"""(() => {
-  const PAGE_NOW = () => performance.timeOrigin + performance.now();
+  // the page's clock (ms, monotonic), for every time this script takes (PAGE_NOW_JS, OBSERVER_JS)
+  const PAGE_NOW = window.__uiLatencyNow = () => performance.timeOrigin + performance.now();
   const net = window.__uiLatencyNet = {};
   const orig = window.fetch;
   window.fetch = async (...args) => {
@@ -96,11 +97,11 @@ NET_TAP_JS = r"""(() => {
     return new Response(theirs, {headers: r.headers, status: r.status, statusText: r.statusText});
   };
 })();"""
-PAGE_NOW_JS = "() => performance.timeOrigin + performance.now()"  # the page's clock, ms (monotonic)
+PAGE_NOW_JS = "() => window.__uiLatencyNow()"  # the page's clock, ms (monotonic; defined in NET_TAP_JS)
 # Installed once in the page: first sightings of token-view steps, and live-chart redraws.
 OBSERVER_JS = """() => {
   if (window.__uiLatency) return;
-  const PAGE_NOW = () => performance.timeOrigin + performance.now();
+  const PAGE_NOW = window.__uiLatencyNow;
   const st = window.__uiLatency = {steps: [], charts: [], seen: new Set(), gd: null};
   const view = document.querySelector('#token-view');
   const scan = () => {

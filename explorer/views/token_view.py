@@ -101,16 +101,14 @@ def _tip(tok: Token, step: Step, across: bool = False) -> str:
     return inert("\n".join(lines))
 
 
+def _token_span(tok: Token, kind: str, step: Step, across: bool) -> str:
+    return f'<span class="tv-tok k-{inert(kind)}" data-tip="{_tip(tok, step, across)}">{token_html(tok.text)}</span>'
+
+
 def step_html(step: Step, across: bool = False) -> str:
     """One engine step as the view's markup: its emitted tokens, then its rejected drafts (ghosts)."""
-    kept = "".join(
-        f'<span class="tv-tok k-{inert(t.kind)}" data-tip="{_tip(t, step, across)}">{token_html(t.text)}</span>'
-        for t in step.tokens
-    )
-    ghosts = "".join(
-        f'<span class="tv-tok k-rejected" data-tip="{_tip(t, step, across)}">{token_html(t.text)}</span>'
-        for t in step.rejected
-    )
+    kept = "".join(_token_span(t, t.kind, step, across) for t in step.tokens)
+    ghosts = "".join(_token_span(t, "rejected", step, across) for t in step.rejected)
     # data-t: a number only, inert as it is
     return f'<span class="tv-step" data-step="{int(step.index)}" data-t="{float(step.t):.6f}">{kept}{ghosts}</span>'
 
