@@ -5,7 +5,8 @@ page, laid out from the panels in ``explorer.panels``; ``PageDefaults`` holds
 the engine config the page starts from (what "Apply engine settings" changes),
 the presenter lock and the generation sliders' start values. One timer (API
 /charts, every ``CHART_REFRESH_S``) refreshes the load panel's live chart and readout
-and the K-policy panel together. It reads only what
+and the K-policy panel together, sent by the page between two steps of its own request
+(``assets/chart_gate.js``). It reads only what
 the ``Backend`` (``engine_adapter.service.backend``) returns; it never parses
 vLLM's wire format.
 """
@@ -79,15 +80,30 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
 def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, run: RunPanel) -> None:
     """One timer for the live chart and the K-policy panel, a plain request (queue=False): each event
     costs the page's main thread at each of its messages (Gradio updates the loading state of every
-    component), and the token view waits (docs/benchmarks.md, "UI latency")."""
+    component), and the token view waits (docs/benchmarks.md, "UI latency"). A gate in the page
+    (``assets/chart_gate.js``) sends each tick between two steps of the page's own request and says
+    in a hidden flag whether charts may be redrawn in its answer; the readouts are updated either way."""
+    may_draw = gr.Checkbox(True, visible=False, elem_id="chart-gate", label="redraw charts")
 
-    def refresh(times: list, live_drawn: Any, request_id: str | None, policy_drawn: Any, request: gr.Request) -> dict:
+    def refresh(
+        times: list,
+        live_drawn: Any,
+        request_id: str | None,
+        policy_drawn: Any,
+        draw: bool,
+        request: gr.Request,
+    ) -> dict:
+        if draw is False:
+            return {**load.refresh_readout(request), **policy.refresh_readout()}
         return {**load.refresh(times, live_drawn, request), **policy.refresh(request_id, times, policy_drawn)}
 
+    inputs = [run.step_times, load.drawn, run.request_id, policy.drawn, may_draw]
+    gate_js = data_path("assets", "chart_gate.js").read_text().replace("__N_INPUTS__", str(len(inputs)))
     gr.Timer(CHART_REFRESH_S).tick(
         refresh,
-        [run.step_times, load.drawn, run.request_id, policy.drawn],
+        inputs,
         [*load.tick_outputs, *policy.tick_outputs],
+        js=gate_js,
         api_name="charts",
         show_progress="hidden",
         queue=False,

@@ -248,8 +248,12 @@ class EngineClient:
         seed: int | None = None,
         request_id: str | None = None,
         ignore_eos: bool = False,
+        first: bool = False,
     ) -> AsyncIterator[Step | RequestResult]:
         """Yield each Step as the engine runs it, then the RequestResult.
+
+        ``first``: a reader is watching this request (the page's own): in each engine step its
+        row is handled before the background load's (``TapReceiver.register``).
 
         ``ignore_eos`` (vLLM's sampling parameter) keeps a request going to
         ``max_tokens``: profiling needs full batches, not early stops.
@@ -270,7 +274,7 @@ class EngineClient:
         if ignore_eos:
             body["ignore_eos"] = True
         state = HttpState()
-        wake: asyncio.Queue = self.tap.register(rid) if self.tap else asyncio.Queue()
+        wake: asyncio.Queue = self.tap.register(rid, first) if self.tap else asyncio.Queue()
         self._inflight[rid] = (state, wake)
         t_start = time.monotonic()
         task = asyncio.create_task(self._stream_http(body, state, wake))

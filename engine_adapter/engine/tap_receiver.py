@@ -3,8 +3,10 @@
 Contract: ``TapReceiver(addr)`` binds a ZMQ SUB socket at ``addr`` (the tap in
 the engine connects to it) and, once ``start()``-ed inside a running event
 loop, delivers:
-- to the queue registered for a request (``register(request_id)``) every
-  ``(TapStep, TapRequestStep)`` pair that names it, in engine order;
+- to the queue registered for a request (``register(request_id, first)``) every
+  ``(TapStep, TapRequestStep)`` pair that names it, in engine order; within one step, the
+  requests registered ``first`` (a reader's own request) get theirs before all the others
+  (background load), so that their consumers wake first;
 - to every ``watch()`` queue one ``EngineStep`` summary per engine step.
 
 Request ids: the OpenAI server turns our ``request_id`` X into the engine id
@@ -85,6 +87,7 @@ class TapReceiver:
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.bind(addr)
         self._routes: dict[str, asyncio.Queue[tuple[TapStep, TapRequestStep]]] = {}
+        self._first: set[str] = set()  # request ids served first in each step (register's ``first``)
         self._watchers: list[asyncio.Queue[EngineStep]] = []
         self._watch_maxsize = watch_maxsize
         self._task: asyncio.Task | None = None
@@ -99,13 +102,26 @@ class TapReceiver:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def register(self, request_id: str) -> asyncio.Queue[tuple[TapStep, TapRequestStep]]:
+    def register(self, request_id: str, first: bool = False) -> asyncio.Queue[tuple[TapStep, TapRequestStep]]:
         q: asyncio.Queue[tuple[TapStep, TapRequestStep]] = asyncio.Queue()
         self._routes[request_id] = q
+        if first:
+            self._first.add(request_id)
         return q
 
     def unregister(self, request_id: str) -> None:
         self._routes.pop(request_id, None)
+        self._first.discard(request_id)
+
+    def route(self, step: TapStep) -> None:
+        """Each request's row of ``step`` onto its queue, the ``first`` requests' before the others
+        (asyncio wakes a queue's getter in the order of the puts: at background load 64 the rest
+        of a step's rows are 64 consumers' work before a reader's own)."""
+        rows = [(our_request_id(r.engine_request_id), r) for r in step.reqs]
+        for rid, r in sorted(rows, key=lambda row: row[0] not in self._first):  # stable: engine order kept
+            q = self._routes.get(rid)
+            if q is not None:
+                q.put_nowait((step, r))
 
     def watch(self) -> asyncio.Queue[EngineStep]:
         q: asyncio.Queue[EngineStep] = asyncio.Queue(maxsize=self._watch_maxsize)
@@ -120,10 +136,7 @@ class TapReceiver:
         while True:
             step = decode_step(await self._sock.recv())
             self.steps_seen += 1
-            for r in step.reqs:
-                q = self._routes.get(our_request_id(r.engine_request_id))
-                if q is not None:
-                    q.put_nowait((step, r))
+            self.route(step)
             summary = summarize(step)
             self.last_step = summary
             for w in self._watchers:

@@ -378,7 +378,7 @@ class EngineService:
                 # aclosing: Stop (a cancel) closes the stream at once and vLLM aborts the request
                 async with contextlib.aclosing(
                     engine.client.generate(
-                        prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id
+                        prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id, first=True
                     )
                 ) as items:
                     async for item in items:

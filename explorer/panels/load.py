@@ -88,12 +88,16 @@ class LoadPanel:
             return f"The engine is not ready: your {int(n)} background requests start once it is."
         return load_readout_markdown(self.backend, request.session_hash)
 
+    def refresh_readout(self, request: gr.Request) -> dict[Component, Any]:
+        """The readout alone (the page's chart gate said no redraw this tick); keeps the load alive."""
+        self.backend.touch_session(request.session_hash)  # a page that stops polling loses its load
+        return {self.readout: load_readout_markdown(self.backend, request.session_hash)}
+
     def refresh(self, times: list[tuple[float, int]], drawn: tuple | None, request: gr.Request) -> dict[Component, Any]:
         """The readout every tick; the chart when the engine did something since this page drew it, and
         while this page's own request streams, at most every ``STREAMING_REFRESH_S`` (``chart_due``)."""
-        self.backend.touch_session(request.session_hash)  # a page that stops polling loses its load
         now = time.monotonic()
-        readout = load_readout_markdown(self.backend, request.session_hash)
+        readout = self.refresh_readout(request)[self.readout]
         key = (engine_activity(self.backend, now), len(times or []))
         drawn_key, drawn_at = drawn or (None, None)
         if key == drawn_key or not chart_due(drawn_at, now, times or []):

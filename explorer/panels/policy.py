@@ -202,6 +202,20 @@ class PolicyPanel:
             return gr.skip()
         return {**shown, self.sync_timer: gr.Timer(active=False)}
 
+    def refresh_readout(self, v: PolicyView | None = None, op: tuple | None = None) -> dict[Component, Any]:
+        """The status and the table in force, no chart (also when the page's chart gate says no redraw)."""
+        if v is None:
+            v = self.backend.policy_view()
+            op = operating_point(self.backend.steps_since(time.monotonic() - RECENT_S))
+        state = v.state
+        auction_on = state is not None and state.spec.kind == "auction"
+        table_md = (
+            table_in_force_markdown(state.table if state else None, op[0] if op else None, auction_on, v.k_max)
+            if v.available
+            else ""
+        )
+        return {self.status: policy_status_markdown(v), self.in_force: table_md}
+
     def refresh(self, fg: str | None, fg_steps: list | None, drawn: dict | None) -> dict[Component, Any]:
         """The status and the table in force every tick; each chart only when what it shows changed
         since this page drew it (``drawn``: chart -> key): the step-time picture with the engine's
@@ -213,13 +227,7 @@ class PolicyPanel:
         recent = self.backend.steps_since(now - RECENT_S)
         op = operating_point(recent)
         state = v.state
-        auction_on = state is not None and state.spec.kind == "auction"
-        table_md = (
-            table_in_force_markdown(state.table if state else None, op[0] if op else None, auction_on, v.k_max)
-            if v.available
-            else ""
-        )
-        shown: dict[Component, Any] = {self.status: policy_status_markdown(v), self.in_force: table_md}
+        shown = self.refresh_readout(v, op)
         if streaming(now, fg_steps or []):  # the charts wait for the end of this page's request
             return shown
         cost_key = (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None

@@ -93,8 +93,13 @@ def test_replay_app_charts_move_and_export_csv(replay_app):
     url, _ = replay_app
     client = Client(url, verbose=False)
     time.sleep(2)
-    _fig, readout, *_policy = client.predict(api_name="/charts")
+    # the page's chart gate (assets/chart_gate.js) says "no redraw": the readouts only, no figure
+    fig, readout, *policy = client.predict(False, api_name="/charts")
+    unsent = (None, {"__type__": "update"})  # what gradio_client returns for an output left as it was
+    assert fig in unsent and all(p in unsent for p in policy[2:5]), "no chart is sent when the gate says no"
     assert "Requests running in the engine" in readout
+    fig, readout, *_policy = client.predict(api_name="/charts")  # the gate's default: charts may be redrawn
+    assert fig not in unsent and "Requests running in the engine" in readout
     path = client.predict(api_name="/export_csv")
     rows = list(csv.DictReader(open(path, encoding="utf-8")))
     assert list(rows[0])[: len(CHART_COLUMNS)] == CHART_COLUMNS and "load" in rows[0]
