@@ -107,6 +107,8 @@ class TapReceiver:
         self._routes[request_id] = q
         if first:
             self._first.add(request_id)
+        else:
+            self._first.discard(request_id)
         return q
 
     def unregister(self, request_id: str) -> None:

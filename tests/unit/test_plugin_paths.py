@@ -14,7 +14,6 @@ CUDA = cuda_platform("NVIDIA H200", 141 << 30, 140 << 30, build="vllm 0.32.0")
 
 
 def _classes():
-    from engine_adapter.vllm_plugin.executors import QuietMultiprocExecutor
     from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler, TapScheduler
     from engine_adapter.vllm_plugin.workers_cpu import CPUIdleDrafterWorker, CPUVerifierWorker
     from engine_adapter.vllm_plugin.workers_gpu import GPUIdleDrafterWorker, GPUVerifierWorker
@@ -22,7 +21,6 @@ def _classes():
     return {
         paths.TAP_SCHEDULER: TapScheduler,
         paths.TAP_ASYNC_SCHEDULER: TapAsyncScheduler,
-        paths.QUIET_EXECUTOR: QuietMultiprocExecutor,
         paths.VERIFIER_WORKERS["cpu"]: CPUVerifierWorker,
         paths.VERIFIER_WORKERS["cuda"]: GPUVerifierWorker,
         paths.IDLE_DRAFTER_WORKERS["cpu"]: CPUIdleDrafterWorker,
@@ -35,7 +33,6 @@ def _classes():
     [
         paths.TAP_SCHEDULER,
         paths.TAP_ASYNC_SCHEDULER,
-        paths.QUIET_EXECUTOR,
         *paths.VERIFIER_WORKERS.values(),
         *paths.IDLE_DRAFTER_WORKERS.values(),
     ],
@@ -125,23 +122,3 @@ def test_server_args_hand_vllm_the_paths(config, platform, scheduler, worker):
     assert value("--scheduler-cls") == scheduler
     assert value("--worker-cls") == worker
     assert ("--no-enable-prefix-caching" in args) == (worker in (CPU_IDLER, GPU_IDLER))
-
-
-def test_the_quiet_executor_makes_only_its_own_readers_wait_on_notify():
-    """Readers created inside ``readers_wait_on_notify`` have no busy loop; vLLM's default (1 s) is back after."""
-    import zmq
-    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-
-    from engine_adapter.vllm_plugin.executors import readers_wait_on_notify
-
-    ctx = zmq.Context()
-    addr = "inproc://quiet-executor-test"
-    SpinCondition(is_reader=False, context=ctx, notify_address=addr)  # binds the address the readers connect to
-    try:
-        with readers_wait_on_notify() as arranged:
-            quiet = SpinCondition(is_reader=True, context=ctx, notify_address=addr)
-        spinning = SpinCondition(is_reader=True, context=ctx, notify_address=addr)
-        assert arranged
-        assert (quiet.busy_loop_s, spinning.busy_loop_s) == (0.0, 1)
-    finally:
-        ctx.destroy(linger=0)
