@@ -97,14 +97,14 @@ class LoadPanel:
         """The readout every tick; the chart when the engine did something since this page drew it, and
         while this page's own request streams, at most every ``STREAMING_REFRESH_S`` (``chart_due``)."""
         now = time.monotonic()
-        readout = self.refresh_readout(request)[self.readout]
+        shown = self.refresh_readout(request)
         key = (engine_activity(self.backend, now), len(times or []))
         drawn_key, drawn_at = drawn or (None, None)
         if key == drawn_key or not chart_due(drawn_at, now, times or []):
-            return {self.readout: readout}
+            return shown
         markers = [(t - now, n) for t, n in self.backend.load_changes]
         figure = live_figure(live_chart_frame(self.backend, now), markers, foreground_rate(times or [], now))
-        return {self.live: figure, self.readout: readout, self.drawn: (key, now)}
+        return {**shown, self.live: figure, self.drawn: (key, now)}
 
     def leave(self, request: gr.Request) -> None:
         self.backend.release_background(request.session_hash)

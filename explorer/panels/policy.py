@@ -202,11 +202,14 @@ class PolicyPanel:
             return gr.skip()
         return {**shown, self.sync_timer: gr.Timer(active=False)}
 
-    def refresh_readout(self, v: PolicyView | None = None, op: tuple | None = None) -> dict[Component, Any]:
-        """The status and the table in force, no chart (also when the page's chart gate says no redraw)."""
-        if v is None:
-            v = self.backend.policy_view()
-            op = operating_point(self.backend.steps_since(time.monotonic() - RECENT_S))
+    def refresh_readout(self) -> dict[Component, Any]:
+        """The status and the table in force, no chart (the page's chart gate said no redraw)."""
+        return self._readout(
+            self.backend.policy_view(), operating_point(self.backend.steps_since(time.monotonic() - RECENT_S))
+        )
+
+    def _readout(self, v: PolicyView, op: tuple[float, float, float, float] | None) -> dict[Component, Any]:
+        """The status and the table in force at the operating point ``op`` (``operating_point``)."""
         state = v.state
         auction_on = state is not None and state.spec.kind == "auction"
         table_md = (
@@ -227,7 +230,7 @@ class PolicyPanel:
         recent = self.backend.steps_since(now - RECENT_S)
         op = operating_point(recent)
         state = v.state
-        shown = self.refresh_readout(v, op)
+        shown = self._readout(v, op)
         if streaming(now, fg_steps or []):  # the charts wait for the end of this page's request
             return shown
         cost_key = (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None

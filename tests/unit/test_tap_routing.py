@@ -52,6 +52,11 @@ def test_a_step_wakes_the_first_requests_consumers_first(engine_order, first, ex
     assert asyncio.run(run()) == expected_wake_order
 
 
+async def _note(name: str, queue: asyncio.Queue, order: list[str]) -> None:
+    await queue.get()
+    order.append(name)
+
+
 def test_unregister_forgets_a_first_request():
     async def run() -> None:
         tap = TapReceiver(f"ipc:///tmp/spec-explorer-test-{uuid.uuid4().hex}")
@@ -60,7 +65,14 @@ def test_unregister_forgets_a_first_request():
             tap.unregister("fg")
             tap.route(_step(["fg"]))
             assert q.empty()
-            assert tap.register("fg").empty()  # registered again, not first: nothing stale waits
+            # registered again, not first: it takes its turn in engine order, behind a request before it
+            bg, fg = tap.register("bg"), tap.register("fg")
+            order: list[str] = []
+            tasks = [asyncio.create_task(_note(name, queue, order)) for name, queue in (("fg", fg), ("bg", bg))]
+            await asyncio.sleep(0)
+            tap.route(_step(["bg", "fg"]))
+            await asyncio.gather(*tasks)
+            assert order == ["bg", "fg"]
         finally:
             await tap.close()
 
