@@ -32,7 +32,7 @@ from engine_adapter.engine_config import (
     EngineConfig,
     resolve_dtype,
 )
-from engine_adapter.vllm_plugin.paths import scheduler_class_path, worker_class_path
+from engine_adapter.vllm_plugin.paths import QUIET_EXECUTOR, scheduler_class_path, worker_class_path
 
 GIB = 1 << 30  # bytes
 
@@ -129,6 +129,11 @@ def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
         args += ["--scheduler-cls", scheduler_class_path(scheduler_async)]
         if config.method != "off":  # the verifier reports the draft ids it verified: every speculative tap needs it
             args += ["--worker-cls", worker_class_path(platform.kind, idle_drafter=config.drafter_idles)]
+    if not platform.is_gpu:
+        # vLLM's own executor on a CPU (its platform runs no other), whose engine core polls its worker in
+        # 2 ms waits instead of spinning while it computes: over half a core, shared with the page
+        # (vllm_plugin/executors.py)
+        args += ["--distributed-executor-backend", QUIET_EXECUTOR]
     if config.drafter_idles:
         # no prefix caching: a cached block's draft KV may hold a hole its writer never caught up,
         # which another request would then draft from (docs/catch-up-design.md, section 7)

@@ -1,7 +1,8 @@
 """The dotted class paths vLLM is handed to load the plugin, without importing vLLM.
 
 Contract: ``scheduler_class_path(async_scheduling)`` is the ``--scheduler-cls`` of the
-scheduler tap; ``worker_class_path(platform_kind, idle_drafter)`` the ``--worker-cls``:
+scheduler tap; ``QUIET_EXECUTOR`` the ``--distributed-executor-backend`` of a CPU launch
+(``executors.py``); ``worker_class_path(platform_kind, idle_drafter)`` the ``--worker-cls``:
 the platform's worker with the acceptance rules and the exact-drafts report
 (``lossy_sampler.py``), and with the idle drafter too (``idle_drafter.py``) when asked.
 There is one worker class per platform (``workers_cpu.py``, ``workers_gpu.py``), chosen
@@ -17,6 +18,8 @@ _PACKAGE = __name__.rsplit(".", 1)[0]  # engine_adapter.vllm_plugin
 
 TAP_SCHEDULER = f"{_PACKAGE}.schedulers.TapScheduler"
 TAP_ASYNC_SCHEDULER = f"{_PACKAGE}.schedulers.TapAsyncScheduler"
+# vLLM's multiprocess executor whose engine core polls, not spins, while its worker runs (CPU launches)
+QUIET_EXECUTOR = f"{_PACKAGE}.executors.QuietMultiprocExecutor"
 # platform kind ("cpu", "cuda") -> worker class path
 VERIFIER_WORKERS = {
     "cpu": f"{_PACKAGE}.workers_cpu.CPUVerifierWorker",

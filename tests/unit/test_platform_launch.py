@@ -32,6 +32,8 @@ SCHED = "engine_adapter.vllm_plugin.schedulers.TapScheduler"
 ASYNC_SCHED = "engine_adapter.vllm_plugin.schedulers.TapAsyncScheduler"
 CPU_VERIFIER = "engine_adapter.vllm_plugin.workers_cpu.CPUVerifierWorker"
 CPU_IDLER = "engine_adapter.vllm_plugin.workers_cpu.CPUIdleDrafterWorker"
+# vLLM's multiprocess executor minus the engine core's spin (vllm_plugin/executors.py): CPU launches only
+CPU_EXECUTOR = ["--distributed-executor-backend", "engine_adapter.vllm_plugin.executors.QuietMultiprocExecutor"]
 GPU_VERIFIER = "engine_adapter.vllm_plugin.workers_gpu.GPUVerifierWorker"
 GPU_IDLER = "engine_adapter.vllm_plugin.workers_gpu.GPUIdleDrafterWorker"
 
@@ -84,6 +86,7 @@ CPU_IDLER_TAIL = [
     ASYNC_SCHED,
     "--worker-cls",
     CPU_IDLER,
+    *CPU_EXECUTOR,
     "--no-enable-prefix-caching",
 ]
 GPU_IDLER_TAIL = [  # the idle drafter's catch-up reads token ids async scheduling leaves as placeholders
@@ -115,7 +118,7 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
         (
             EngineConfig(method="off"),
             CPU,
-            CPU_HEAD + ["--enforce-eager", "--async-scheduling", "--scheduler-cls", ASYNC_SCHED],
+            CPU_HEAD + ["--enforce-eager", "--async-scheduling", "--scheduler-cls", ASYNC_SCHED, *CPU_EXECUTOR],
         ),
         (
             EngineConfig(method="off"),
@@ -139,7 +142,7 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
             CPU_HEAD
             + ["--enforce-eager"]
             + _spec(SPEC_NGRAM)
-            + ["--no-async-scheduling", "--scheduler-cls", SCHED, "--worker-cls", CPU_VERIFIER],
+            + ["--no-async-scheduling", "--scheduler-cls", SCHED, "--worker-cls", CPU_VERIFIER, *CPU_EXECUTOR],
         ),
         (
             # vLLM runs the ngram drafter synchronously on CUDA too

@@ -14,6 +14,7 @@ CUDA = cuda_platform("NVIDIA H200", 141 << 30, 140 << 30, build="vllm 0.32.0")
 
 
 def _classes():
+    from engine_adapter.vllm_plugin.executors import QuietMultiprocExecutor
     from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler, TapScheduler
     from engine_adapter.vllm_plugin.workers_cpu import CPUIdleDrafterWorker, CPUVerifierWorker
     from engine_adapter.vllm_plugin.workers_gpu import GPUIdleDrafterWorker, GPUVerifierWorker
@@ -21,6 +22,7 @@ def _classes():
     return {
         paths.TAP_SCHEDULER: TapScheduler,
         paths.TAP_ASYNC_SCHEDULER: TapAsyncScheduler,
+        paths.QUIET_EXECUTOR: QuietMultiprocExecutor,
         paths.VERIFIER_WORKERS["cpu"]: CPUVerifierWorker,
         paths.VERIFIER_WORKERS["cuda"]: GPUVerifierWorker,
         paths.IDLE_DRAFTER_WORKERS["cpu"]: CPUIdleDrafterWorker,
@@ -33,6 +35,7 @@ def _classes():
     [
         paths.TAP_SCHEDULER,
         paths.TAP_ASYNC_SCHEDULER,
+        paths.QUIET_EXECUTOR,
         *paths.VERIFIER_WORKERS.values(),
         *paths.IDLE_DRAFTER_WORKERS.values(),
     ],
@@ -122,3 +125,33 @@ def test_server_args_hand_vllm_the_paths(config, platform, scheduler, worker):
     assert value("--scheduler-cls") == scheduler
     assert value("--worker-cls") == worker
     assert ("--no-enable-prefix-caching" in args) == (worker in (CPU_IDLER, GPU_IDLER))
+
+
+def test_the_quiet_executor_makes_only_its_own_readers_poll():
+    """Readers built inside ``readers_poll`` never spin and wait at most ``RECHECK_MS`` for a
+    notification that never comes (vLLM's wait for one: 5 s); vLLM's own condition is back after."""
+    import time
+
+    import zmq
+    from vllm.distributed.device_communicators import shm_broadcast
+
+    from engine_adapter.vllm_plugin.executors import RECHECK_MS, PollingCondition, readers_poll
+
+    vllm_condition = shm_broadcast.SpinCondition
+    ctx = zmq.Context()
+    addr = "inproc://quiet-executor-test"
+    shm_broadcast.SpinCondition(is_reader=False, context=ctx, notify_address=addr)  # the readers connect to it
+    try:
+        with readers_poll() as arranged:
+            quiet = shm_broadcast.SpinCondition(is_reader=True, context=ctx, notify_address=addr)
+        spinning = shm_broadcast.SpinCondition(is_reader=True, context=ctx, notify_address=addr)
+        assert arranged and shm_broadcast.SpinCondition is vllm_condition
+        assert type(quiet) is PollingCondition and type(spinning) is vllm_condition
+        assert (quiet.busy_loop_s, spinning.busy_loop_s) == (0.0, 1)
+        t0 = time.monotonic()
+        quiet.wait()  # no notification: vLLM's wait with no timeout would block for good
+        assert time.monotonic() - t0 < 0.5
+        quiet.wait(timeout_ms=10_000)
+        assert time.monotonic() - t0 < 0.5, f"a wait outlasted {RECHECK_MS} ms by far"
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,83 @@
+"""vLLM's multiprocess executor whose engine core waits for its worker in short polls, not a spin (CPU only).
+
+Contract: ``QuietMultiprocExecutor`` is vLLM 0.32's ``MultiprocExecutor`` (the executor vLLM's CPU
+platform always runs), loaded with ``--distributed-executor-backend`` (``paths.QUIET_EXECUTOR``, CPU
+launches only). The one difference: the readers this process builds for its workers' answers are
+``PollingCondition``s. A ``PollingCondition`` never spins: it waits on vLLM's write notification (a
+ZMQ ping per message), but never longer than ``RECHECK_MS`` (2 ms) before it looks at the shared
+buffer again, instead of spinning with ``sched_yield`` for up to a second after each read and then
+waiting up to 5 s (vLLM 0.32's ``SpinCondition``: ``busy_loop_s`` 1 s,
+``SHM_READER_RECHECK_INTERVAL_MS`` 5000). Everything else is vLLM's, the workers' side included (they
+are spawned, and keep vLLM's spin: they wait for the scheduler's short turns, on their own cores).
+
+Why: on a CPU engine every step is a wait for the worker of 0.1-2 s, so the engine core spun
+through all of it: 58 % of a core at background load 64 on the AVX-512 machine (2 cores, 24 GiB;
+packaged pair, worker on one core, 2026-12-03), on the core the page, the app and vLLM's API server
+share (docs/benchmarks.md, "UI latency"). Waiting on the notification alone is not safe: the
+notification socket drops pings (a PUB with a send high-water mark of 1), and with no spin each lost
+ping cost the 5 s recheck; tiny-model engines, whose steps are milliseconds apart, stalled for
+minutes (e77fb99, reverted in f33c0f4). The 2 ms bound caps a lost ping's cost at 2 ms; 500 wake-ups
+a second while the worker computes cost about 1 % of a core.
+
+How: vLLM builds each reader as ``shm_broadcast.SpinCondition(...)``, a module-level name it looks up
+when it builds one, so the name is pointed at ``PollingCondition`` while this process builds its
+readers (``_init_executor``) and restored after. If vLLM's signature is not the one this was
+written against, the executor logs it and runs as vLLM's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Iterator
+
+import zmq
+from vllm.distributed.device_communicators import shm_broadcast
+from vllm.v1.executor.multiproc_executor import MultiprocExecutor
+
+logger = logging.getLogger(__name__)
+
+RECHECK_MS = 2  # ms: the longest a reader waits for a notification before it looks at the buffer again
+_VLLM_WAIT_PARAMS = ("self", "timeout_ms")
+_VLLM_INIT_PARAMS = ("self", "is_reader", "context", "notify_address", "busy_loop_s")
+
+
+class PollingCondition(shm_broadcast.SpinCondition):
+    """vLLM's ``SpinCondition`` with no busy loop, whose waits last at most ``RECHECK_MS``."""
+
+    def __init__(self, is_reader: bool, context: zmq.Context, notify_address: str, busy_loop_s: float = 0.0):
+        super().__init__(is_reader, context, notify_address, busy_loop_s=0.0)
+
+    def wait(self, timeout_ms: int | None = None) -> None:
+        super().wait(timeout_ms=RECHECK_MS if timeout_ms is None else min(timeout_ms, RECHECK_MS))
+
+
+def _matches_vllm() -> bool:
+    cls = shm_broadcast.SpinCondition
+    return (
+        tuple(inspect.signature(cls.__init__).parameters) == _VLLM_INIT_PARAMS
+        and tuple(inspect.signature(cls.wait).parameters) == _VLLM_WAIT_PARAMS
+    )
+
+
+@contextlib.contextmanager
+def readers_poll() -> Iterator[bool]:
+    """While open, every reader condition this process builds is a ``PollingCondition``; yields
+    whether it could arrange that (False: vLLM's ``SpinCondition`` is not the one this was written against)."""
+    vllm_condition = shm_broadcast.SpinCondition
+    if vllm_condition is PollingCondition or not _matches_vllm():
+        logger.warning("vLLM's SpinCondition is not the one expected: the engine core spins as vLLM's")
+        yield False
+        return
+    shm_broadcast.SpinCondition = PollingCondition
+    try:
+        yield True
+    finally:
+        shm_broadcast.SpinCondition = vllm_condition
+
+
+class QuietMultiprocExecutor(MultiprocExecutor):
+    def _init_executor(self) -> None:
+        with readers_poll():
+            super()._init_executor()
