@@ -202,7 +202,11 @@ def main(argv: list[str] | None = None) -> None:
         # which otherwise walk them all (about 0.1 s idle, 0.5-0.9 s beside the engine on 2 cores) and
         # stall the page's event loop (the service freezes again once the engine is ready)
         gc.freeze()
-        demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port)
+        # run_history=False: Gradio 6.31 otherwise keeps every visitor's runs, prompts and outputs, in the
+        # browser's localStorage (shown at /gradio_api/runs: on a shared workshop laptop, to the next
+        # person), and re-reads and re-writes that whole history at every streamed step: at background
+        # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
+        demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port, run_history=False)
     finally:
         if recorder is not None:
             recorder.close()

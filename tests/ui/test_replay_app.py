@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from gradio_client import Client
 
@@ -62,6 +63,15 @@ def test_replay_app_needs_no_engine(replay_app):
     others = [p for p in session_pids(app.pid) if p != app.pid]
     assert not [cmdline(p) for p in others if "vllm" in cmdline(p)], "a replay must start no engine"
     assert not others, [cmdline(p) for p in others]
+
+
+def test_the_page_keeps_no_run_history(replay_app):
+    """Gradio's run history would keep each visitor's prompts and outputs in the browser for the next
+    person on that browser, and rewrite it at every streamed step; app.py turns it off."""
+    url, _ = replay_app
+    config = httpx.get(f"{url}/config", timeout=10).json()
+    assert config["run_history"] is False
+    assert "runs" not in config["footer_links"]
 
 
 def test_replay_app_runs_the_recorded_requests(replay_app):
