@@ -78,8 +78,11 @@ def watch_launch(app, deadline_s: float) -> dict[str, float | None]:
 def first_request(client: Client, prompt: str, max_tokens: int) -> dict:
     t = time.monotonic()
     out = client.predict(prompt, 0.0, max_tokens, api_name="/run")
-    trace = out[-1] if isinstance(out, (list, tuple)) else out
-    kinds = Counter(trace.get("kinds", [])) if isinstance(trace, dict) else Counter()
+    trace = out[-1] if isinstance(out, (list, tuple)) else out  # the recorder's JSON line, as text (since 28a2786)
+    line = json.loads(trace) if isinstance(trace, str) and trace else {}
+    kinds = Counter(line.get("kinds", []))
+    if not kinds:
+        raise SystemExit(f"the first request returned no trace: {str(out)[:500]}")
     return {"first_request_s": round(time.monotonic() - t, 1), "kinds": dict(kinds)}
 
 
