@@ -3,21 +3,22 @@
 Contract: ``QuietMultiprocExecutor`` is vLLM 0.32's ``MultiprocExecutor`` (the executor vLLM's CPU
 platform always runs), loaded with ``--distributed-executor-backend`` (``paths.QUIET_EXECUTOR``, CPU
 launches only). The one difference: the readers this process builds for its workers' answers are
-``PollingCondition``s. A ``PollingCondition`` never spins: it waits on vLLM's write notification (a
-ZMQ ping per message), but never longer than ``RECHECK_MS`` (2 ms) before it looks at the shared
-buffer again, instead of spinning with ``sched_yield`` for up to a second after each read and then
-waiting up to 5 s (vLLM 0.32's ``SpinCondition``: ``busy_loop_s`` 1 s,
-``SHM_READER_RECHECK_INTERVAL_MS`` 5000). Everything else is vLLM's, the workers' side included (they
-are spawned, and keep vLLM's spin: they wait for the scheduler's short turns, on their own cores).
+``PollingCondition``s (so is the writer side of its broadcast queue, which never waits). A
+``PollingCondition`` never spins: it waits on vLLM's write notification (a ZMQ ping per message), but
+never longer than ``RECHECK_MS`` (2 ms) before it looks at the shared buffer again, instead of spinning
+with ``sched_yield`` for up to a second after each read and then waiting up to 5 s (vLLM 0.32's
+``SpinCondition``: ``busy_loop_s`` 1 s, ``SHM_READER_RECHECK_INTERVAL_MS`` 5000). Everything else is
+vLLM's, the workers' side included (they are spawned, and keep vLLM's spin: they wait for the
+scheduler's short turns, on their own cores).
 
 Why: on a CPU engine every step is a wait for the worker of 0.1-2 s, so the engine core spun
 through all of it: 58 % of a core at background load 64 on the AVX-512 machine (2 cores, 24 GiB;
 packaged pair, worker on one core, 2026-12-03), on the core the page, the app and vLLM's API server
-share (docs/benchmarks.md, "UI latency"). Waiting on the notification alone is not safe: the
-notification socket drops pings (a PUB with a send high-water mark of 1), and with no spin each lost
-ping cost the 5 s recheck; tiny-model engines, whose steps are milliseconds apart, stalled for
-minutes (e77fb99, reverted in f33c0f4). The 2 ms bound caps a lost ping's cost at 2 ms; 500 wake-ups
-a second while the worker computes cost about 1 % of a core.
+share (docs/benchmarks.md, "UI latency"). Waiting on the notification alone is not safe: some
+notifications never arrive (why was not pinned down; vLLM's PUB socket has a send high-water mark of
+1), and with no spin each lost one cost the 5 s recheck; tiny-model engines, whose steps are
+milliseconds apart, stalled for minutes (e77fb99, reverted in f33c0f4). The 2 ms bound caps a lost
+one's cost at 2 ms; with it the engine core took 5 % of a core at load 64 (2026-12-03, ab96f4c).
 
 How: vLLM builds each reader as ``shm_broadcast.SpinCondition(...)``, a module-level name it looks up
 when it builds one, so the name is pointed at ``PollingCondition`` while this process builds its
@@ -66,7 +67,10 @@ def readers_poll() -> Iterator[bool]:
     """While open, every reader condition this process builds is a ``PollingCondition``; yields
     whether it could arrange that (False: vLLM's ``SpinCondition`` is not the one this was written against)."""
     vllm_condition = shm_broadcast.SpinCondition
-    if vllm_condition is PollingCondition or not _matches_vllm():
+    if vllm_condition is PollingCondition:  # already open (nested): its readers poll already
+        yield True
+        return
+    if not _matches_vllm():
         logger.warning("vLLM's SpinCondition is not the one expected: the engine core spins as vLLM's")
         yield False
         return

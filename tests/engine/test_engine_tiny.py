@@ -61,8 +61,10 @@ async def test_concurrent_requests_keep_exact_provenance(engines):
 
 
 async def test_no_step_waits_for_a_lost_notification(engines):
-    """The engine core polls its worker's answers (vllm_plugin/executors.py): tiny-model steps come
-    milliseconds apart, and a notification the engine core waited for in vain used to cost 5 s."""
+    """A guard against e77fb99's stall: tiny-model steps come milliseconds apart, and when the engine
+    core waited for its worker's notification alone, each lost one cost vLLM's 5 s recheck (this
+    failed with 5.02 s gaps then). It passes with vLLM's spin too; that CPU launches use the polling
+    executor is tests/unit/test_platform_launch.py's, its bound tests/unit/test_plugin_paths.py's."""
     engine = await engines.get("draft", "perturbed")
     results = await run_prompts(engine.client, PROMPTS * 2, 4, max_tokens=48)
     results += [await run(engine, prompt, max_tokens=48) for prompt in PROMPTS]

@@ -72,6 +72,7 @@ def test_the_page_keeps_no_run_history(replay_app):
     config = httpx.get(f"{url}/config", timeout=10).json()
     assert config["run_history"] is False
     assert "runs" not in config["footer_links"]
+    assert httpx.get(f"{url}/gradio_api/runs", timeout=10).status_code == 404
 
 
 def test_replay_app_runs_the_recorded_requests(replay_app):
