@@ -4,10 +4,11 @@ Contract: ``QuietMultiprocExecutor`` is vLLM 0.32's ``MultiprocExecutor`` (the e
 platform always runs), loaded with ``--distributed-executor-backend`` (``paths.QUIET_EXECUTOR``, CPU
 launches only). The one difference: the readers this process builds for its workers' answers are
 ``PollingCondition``s (so is the writer side of its broadcast queue, which never waits). A
-``PollingCondition`` never spins: it waits on vLLM's write notification (a ZMQ ping per message), but
-never longer than ``RECHECK_MS`` (2 ms) before it looks at the shared buffer again, instead of spinning
-with ``sched_yield`` for up to a second after each read and then waiting up to 5 s (vLLM 0.32's
-``SpinCondition``: ``busy_loop_s`` 1 s, ``SHM_READER_RECHECK_INTERVAL_MS`` 5000). Everything else is
+``PollingCondition`` spins (``sched_yield``) only for ``SPIN_S`` (5 ms) after each read, then waits on
+vLLM's write notification (a ZMQ ping per message), but never longer than ``RECHECK_MS`` (2 ms) before it
+looks at the shared buffer again; vLLM 0.32's ``SpinCondition`` spins for up to a second after each read
+and then waits up to 5 s (``busy_loop_s`` 1 s, ``SHM_READER_RECHECK_INTERVAL_MS`` 5000). Steps that come
+within 5 ms of each other (tiny test models) are read as vLLM reads them. Everything else is
 vLLM's, the workers' side included (they are spawned, and keep vLLM's spin: they wait for the
 scheduler's short turns, on their own cores).
 
@@ -18,7 +19,9 @@ share (docs/benchmarks.md, "UI latency"). Waiting on the notification alone is n
 notifications never arrive (why was not pinned down; vLLM's PUB socket has a send high-water mark of
 1), and with no spin each lost one cost the 5 s recheck; tiny-model engines, whose steps are
 milliseconds apart, stalled for minutes (e77fb99, reverted in f33c0f4). The 2 ms bound caps a lost
-one's cost at 2 ms; with it the engine core took 5 % of a core at load 64 (2026-12-03, ab96f4c).
+one's cost at 2 ms; with it the engine core took 5 % of a core at load 64 (2026-12-03, ab96f4c, no
+spin at all). The short spin keeps that 2 ms off steps of a few ms, where it would be a large share of
+the step times the cost model measures; on the packaged pair (steps of 0.1-2 s) it is 5 ms a step.
 
 How: vLLM builds each reader as ``shm_broadcast.SpinCondition(...)``, a module-level name it looks up
 when it builds one, so the name is pointed at ``PollingCondition`` while this process builds its
@@ -40,15 +43,16 @@ from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 logger = logging.getLogger(__name__)
 
 RECHECK_MS = 2  # ms: the longest a reader waits for a notification before it looks at the buffer again
+SPIN_S = 0.005  # s: how long after each read a reader spins before it waits on the notification
 _VLLM_WAIT_PARAMS = ("self", "timeout_ms")
 _VLLM_INIT_PARAMS = ("self", "is_reader", "context", "notify_address", "busy_loop_s")
 
 
 class PollingCondition(shm_broadcast.SpinCondition):
-    """vLLM's ``SpinCondition`` with no busy loop, whose waits last at most ``RECHECK_MS``."""
+    """vLLM's ``SpinCondition`` with a busy loop of ``SPIN_S``, whose waits last at most ``RECHECK_MS``."""
 
-    def __init__(self, is_reader: bool, context: zmq.Context, notify_address: str, busy_loop_s: float = 0.0):
-        super().__init__(is_reader, context, notify_address, busy_loop_s=0.0)
+    def __init__(self, is_reader: bool, context: zmq.Context, notify_address: str, busy_loop_s: float = SPIN_S):
+        super().__init__(is_reader, context, notify_address, busy_loop_s=SPIN_S)
 
     def wait(self, timeout_ms: int | None = None) -> None:
         super().wait(timeout_ms=RECHECK_MS if timeout_ms is None else min(timeout_ms, RECHECK_MS))

@@ -128,7 +128,7 @@ def test_server_args_hand_vllm_the_paths(config, platform, scheduler, worker):
 
 
 def test_the_quiet_executor_makes_only_its_own_readers_poll():
-    """Readers built inside ``readers_poll`` never spin and wait at most ``RECHECK_MS`` for a
+    """Readers built inside ``readers_poll`` spin only ``SPIN_S`` and wait at most ``RECHECK_MS`` for a
     notification that never comes (vLLM's: up to the caller's timeout, or for good with none);
     vLLM's own condition is back after."""
     import threading
@@ -137,7 +137,7 @@ def test_the_quiet_executor_makes_only_its_own_readers_poll():
     import zmq
     from vllm.distributed.device_communicators import shm_broadcast
 
-    from engine_adapter.vllm_plugin.executors import RECHECK_MS, PollingCondition, readers_poll
+    from engine_adapter.vllm_plugin.executors import RECHECK_MS, SPIN_S, PollingCondition, readers_poll
 
     vllm_condition = shm_broadcast.SpinCondition
     ctx = zmq.Context()
@@ -149,7 +149,8 @@ def test_the_quiet_executor_makes_only_its_own_readers_poll():
         spinning = shm_broadcast.SpinCondition(is_reader=True, context=ctx, notify_address=addr)
         assert arranged and shm_broadcast.SpinCondition is vllm_condition
         assert type(quiet) is PollingCondition and type(spinning) is vllm_condition and not writer.is_reader
-        assert (quiet.busy_loop_s, spinning.busy_loop_s) == (0.0, 1)
+        assert (quiet.busy_loop_s, spinning.busy_loop_s) == (SPIN_S, 1)
+        time.sleep(2 * SPIN_S)  # past the short spin after the last read (its creation)
         t0 = time.monotonic()
         quiet.wait(timeout_ms=10_000)  # no notification comes: vLLM's would wait the whole 10 s
         assert time.monotonic() - t0 < 0.5, f"a wait outlasted {RECHECK_MS} ms by far"
