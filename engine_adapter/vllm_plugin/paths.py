@@ -18,7 +18,7 @@ _PACKAGE = __name__.rsplit(".", 1)[0]  # engine_adapter.vllm_plugin
 
 TAP_SCHEDULER = f"{_PACKAGE}.schedulers.TapScheduler"
 TAP_ASYNC_SCHEDULER = f"{_PACKAGE}.schedulers.TapAsyncScheduler"
-# vLLM's multiprocess executor whose engine core polls, not spins, while its worker runs (CPU launches)
+# vLLM's multiprocess executor whose engine core polls (after a 5 ms spin) while its worker runs (CPU launches)
 QUIET_EXECUTOR = f"{_PACKAGE}.executors.QuietMultiprocExecutor"
 # platform kind ("cpu", "cuda") -> worker class path
 VERIFIER_WORKERS = {
