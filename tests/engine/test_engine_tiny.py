@@ -7,11 +7,13 @@ scheduler tap, and checks the provenance against vLLM's own numbers.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
 
 from engine_adapter.engine.prometheus import fetch_snapshot
+from engine_adapter.engine.supervise import group_members
 from engine_adapter.service.load import run_prompts
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 
@@ -71,6 +73,36 @@ async def test_no_step_waits_for_a_lost_notification(engines):
     gaps = [b.t - a.t for r in results for a, b in zip(r.steps, r.steps[1:])]  # s between one request's steps
     assert len(gaps) > 100
     assert max(gaps) < 1.0, sorted(gaps)[-5:]
+
+
+def resident_kib(pid: int, min_size_kib: int) -> list[tuple[int, int]]:
+    """(size, resident) in KiB of each anonymous mapping of ``pid`` at least ``min_size_kib`` large."""
+    maps, current = [], None
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):
+            current = len(fields) < 6  # no path: anonymous
+        elif fields[0] == "Size:" and current:
+            size = int(fields[1])
+        elif fields[0] == "Rss:" and current and size >= min_size_kib:
+            maps.append((size, int(fields[1])))
+    return maps
+
+
+async def test_the_kv_cache_is_committed_at_first_use(engines):
+    """Every CPU launch maps its KV cache instead of writing it (vllm_plugin/lazy_kv_cache.py): after
+    requests ran, the worker's 1 GiB KV mapping is mostly not resident, and the outputs are right
+    (the other tests of this file run on such engines)."""
+    engine = await engines.get("draft", "perturbed")
+    check_invariants(await run(engine, PROMPTS[0], max_tokens=32))
+    assert "pages are committed at first use" in engine.process.log_path.read_text(errors="replace")
+    (worker,) = [
+        p for p in group_members(engine.process.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "VLLM::Worker"
+    ]
+    kv = [(size, rss) for size, rss in resident_kib(worker, 900 << 10) if size <= 1 << 20]  # the 1 GiB cache
+    assert len(kv) == 1, resident_kib(worker, 256 << 10)
+    size, rss = kv[0]
+    assert rss < size // 10, kv  # vLLM's own cache is resident whole (written at start-up)
 
 
 async def test_ngram_steps_without_drafts_are_plain(engines):

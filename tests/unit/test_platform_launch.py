@@ -32,6 +32,7 @@ SCHED = "engine_adapter.vllm_plugin.schedulers.TapScheduler"
 ASYNC_SCHED = "engine_adapter.vllm_plugin.schedulers.TapAsyncScheduler"
 CPU_VERIFIER = "engine_adapter.vllm_plugin.workers_cpu.CPUVerifierWorker"
 CPU_IDLER = "engine_adapter.vllm_plugin.workers_cpu.CPUIdleDrafterWorker"
+CPU_LAZY_KV = "engine_adapter.vllm_plugin.workers_cpu.CPULazyKVWorker"  # every CPU launch maps its KV cache
 # vLLM's multiprocess executor minus the engine core's spin (vllm_plugin/executors.py): CPU launches only
 CPU_EXECUTOR = ["--distributed-executor-backend", "engine_adapter.vllm_plugin.executors.QuietMultiprocExecutor"]
 GPU_VERIFIER = "engine_adapter.vllm_plugin.workers_gpu.GPUVerifierWorker"
@@ -118,7 +119,9 @@ NGRAM_FIXED = EngineConfig(method="ngram", k=4)
         (
             EngineConfig(method="off"),
             CPU,
-            CPU_HEAD + ["--enforce-eager", "--async-scheduling", "--scheduler-cls", ASYNC_SCHED, *CPU_EXECUTOR],
+            CPU_HEAD
+            + ["--enforce-eager", "--async-scheduling", "--scheduler-cls", ASYNC_SCHED, "--worker-cls", CPU_LAZY_KV]
+            + CPU_EXECUTOR,
         ),
         (
             EngineConfig(method="off"),

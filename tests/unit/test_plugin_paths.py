@@ -16,13 +16,14 @@ CUDA = cuda_platform("NVIDIA H200", 141 << 30, 140 << 30, build="vllm 0.32.0")
 def _classes():
     from engine_adapter.vllm_plugin.executors import QuietMultiprocExecutor
     from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler, TapScheduler
-    from engine_adapter.vllm_plugin.workers_cpu import CPUIdleDrafterWorker, CPUVerifierWorker
+    from engine_adapter.vllm_plugin.workers_cpu import CPUIdleDrafterWorker, CPULazyKVWorker, CPUVerifierWorker
     from engine_adapter.vllm_plugin.workers_gpu import GPUIdleDrafterWorker, GPUVerifierWorker
 
     return {
         paths.TAP_SCHEDULER: TapScheduler,
         paths.TAP_ASYNC_SCHEDULER: TapAsyncScheduler,
         paths.QUIET_EXECUTOR: QuietMultiprocExecutor,
+        paths.LAZY_KV_WORKER: CPULazyKVWorker,
         paths.VERIFIER_WORKERS["cpu"]: CPUVerifierWorker,
         paths.VERIFIER_WORKERS["cuda"]: GPUVerifierWorker,
         paths.IDLE_DRAFTER_WORKERS["cpu"]: CPUIdleDrafterWorker,
@@ -36,6 +37,7 @@ def _classes():
         paths.TAP_SCHEDULER,
         paths.TAP_ASYNC_SCHEDULER,
         paths.QUIET_EXECUTOR,
+        paths.LAZY_KV_WORKER,
         *paths.VERIFIER_WORKERS.values(),
         *paths.IDLE_DRAFTER_WORKERS.values(),
     ],
@@ -64,6 +66,7 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
     from vllm.v1.worker.gpu_worker import Worker
 
     from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
+    from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin
     from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
 
     classes = _classes()
@@ -75,6 +78,9 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
             assert (IdleDrafterMixin in mro) == idles
             if idles:
                 assert mro.index(IdleDrafterMixin) < mro.index(AcceptanceRuleMixin)
+            # a CPU worker maps its KV cache (lazy_kv_cache.py); a GPU's is vLLM's own
+            assert (LazyKVCacheMixin in mro) == (kind == "cpu")
+    assert classes[paths.LAZY_KV_WORKER].__mro__[1:] == (LazyKVCacheMixin, *CPUWorker.__mro__)
     # (vLLM's CPUWorker is a subclass of its GPU Worker, not the other way round)
     assert not any(issubclass(classes[p], CPUWorker) for p in (GPU_VERIFIER, GPU_IDLER))
 
@@ -107,9 +113,9 @@ GPU_VERIFIER, GPU_IDLER = paths.VERIFIER_WORKERS["cuda"], paths.IDLE_DRAFTER_WOR
         (EngineConfig(method="ngram", k=3), CUDA, paths.TAP_SCHEDULER, GPU_VERIFIER),  # vLLM: ngram is sync
         (EngineConfig(method="draft", k=3, k_max=5), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_IDLER),
         (EngineConfig(method="draft", k=3, k_max=5), CUDA, paths.TAP_SCHEDULER, GPU_IDLER),  # catch-up: sync
-        (EngineConfig(method="draft", k=3, tap=False), CPU, None, None),
+        (EngineConfig(method="draft", k=3, tap=False), CPU, None, paths.LAZY_KV_WORKER),  # a CPU's KV: mapped
         (EngineConfig(method="draft", k=3, tap=False), CUDA, None, None),
-        (EngineConfig(method="off"), CPU, paths.TAP_ASYNC_SCHEDULER, None),  # no drafts: no verifier
+        (EngineConfig(method="off"), CPU, paths.TAP_ASYNC_SCHEDULER, paths.LAZY_KV_WORKER),  # no drafts: no verifier
         (EngineConfig(method="off"), CUDA, paths.TAP_ASYNC_SCHEDULER, None),
         (EngineConfig(method="ngram", k=3, k_max=5), CUDA, paths.TAP_SCHEDULER, GPU_VERIFIER),
         (EngineConfig(method="draft", k=3, k_max=5, idle_drafter=False), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_VERIFIER),
