@@ -15,6 +15,9 @@ balloon returns free memory to its host) a page never written since it was freed
 10 s per GiB to write, so those zeros were 20-23 s of every launch (docs/benchmarks.md,
 "2026-12-03: launch to ready"). Mapped, a block's pages are committed the first time a request
 writes its KV there (a few MB per step at load 64, on top of steps of about a second).
+The memory is the same, only taken later: vLLM's start-up check and ours
+(``engine.resources``) still count the whole cache, but a machine that runs short of memory
+afterwards now fails while serving rather than at start.
 
 This module pins vLLM internals (tested with vllm 0.32.0).
 """
@@ -88,5 +91,7 @@ class LazyKVCacheMixin:
             super().initialize_from_config(kv_cache_config)
         if mode.mapped == 1:
             logger.info("KV cache: %.2f GiB mapped; pages are committed at first use", nbytes / (1 << 30))
+        elif mode.mapped == 0:
+            logger.warning("KV cache: vLLM did not allocate it as expected; written by vLLM as usual")
         else:
-            logger.warning("KV cache: vLLM allocated it %d times here; written by vLLM as usual", mode.mapped)
+            logger.warning("KV cache: %d allocations of its size mapped (vLLM 0.32 makes one)", mode.mapped)

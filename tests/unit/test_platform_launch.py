@@ -339,7 +339,8 @@ TAP, CONTROL = "ipc:///w/tap.sock", "ipc:///w/control.sock"
             },
         ),
         (
-            # no plugin loaded: vLLM as it comes, the user's runner choice left alone
+            # on CUDA no plugin loaded: vLLM as it comes, the user's runner choice left alone (a CPU launch
+            # always has the plugin's worker, whose KV cache is mapped: server_args.plugin_worker)
             EngineConfig(method="draft", k=3, tap=False),
             CUDA,
             None,
