@@ -135,29 +135,35 @@ def start_policy(args: argparse.Namespace) -> str:
     return args.policy or "auto"
 
 
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The engine config the command line asks for; ValueError where it is invalid."""
+    k_table = validate_k_table(args.k_table) if args.k_table else None
+    config = EngineConfig(
+        method=args.method,
+        k=args.k,
+        k_table=k_table,
+        target=args.target,
+        draft=args.draft,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_gib=args.kv_cache_gib,
+        idle_drafter=not args.standing_drafter,
+        reserved_cpus=args.reserved_cpus,
+        nice=args.engine_nice,
+        enforce_eager=args.eager,  # None: the platform's default (eager on a CPU, CUDA graphs on a GPU)
+    )
+    if args.k_max > 0 and args.method != "off":
+        config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))
+    config.validate()
+    return config
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        k_table = validate_k_table(args.k_table) if args.k_table else None
-        config = EngineConfig(
-            method=args.method,
-            k=args.k,
-            k_table=k_table,
-            target=args.target,
-            draft=args.draft,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            kv_cache_gib=args.kv_cache_gib,
-            idle_drafter=not args.standing_drafter,
-            reserved_cpus=args.reserved_cpus,
-            nice=args.engine_nice,
-            enforce_eager=args.eager,  # None: the platform's default (eager on a CPU, CUDA graphs on a GPU)
-        )
-        if args.k_max > 0 and args.method != "off":
-            config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))
-        config.validate()
+        config = engine_config(args)
     except ValueError as e:
         sys.exit(f"error: {e}")
     presets = load_presets()

@@ -32,7 +32,6 @@ import app  # noqa: E402
 from engine_adapter.engine.launcher import EngineProcess, engine_env, free_port  # noqa: E402
 from engine_adapter.engine.server_args import server_args  # noqa: E402
 from engine_adapter.engine.supervise import group_members  # noqa: E402
-from engine_adapter.engine_config import EngineConfig  # noqa: E402
 
 # log text -> phase name: the first line containing it marks the phase's end
 PHASES = {
@@ -44,29 +43,6 @@ PHASES = {
     "Starting vLLM server": "to serving",
 }
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def default_config() -> EngineConfig:
-    """The engine config ``python app.py`` builds with no flags."""
-    a = app.parse_args([])
-    config = EngineConfig(
-        method=a.method,
-        k=a.k,
-        target=a.target,
-        draft=a.draft,
-        dtype=a.dtype,
-        max_model_len=a.max_model_len,
-        max_num_seqs=a.max_num_seqs,
-        max_num_batched_tokens=a.max_num_batched_tokens,
-        kv_cache_gib=a.kv_cache_gib,
-        idle_drafter=not a.standing_drafter,
-        reserved_cpus=a.reserved_cpus,
-        nice=a.engine_nice,
-        enforce_eager=a.eager,
-    )
-    if a.k_max > 0 and a.method != "off":
-        config.k_max = max(a.k_max, a.k)
-    return config
 
 
 def process_reading(pid: int) -> dict:
@@ -104,7 +80,7 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=400.0)
     o = p.parse_args()
 
-    config = default_config()
+    config = app.engine_config(app.parse_args([]))  # what `python app.py` starts
     engine = EngineProcess(config)
     engine.prepare()
     port = free_port()
