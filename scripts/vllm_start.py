@@ -2,9 +2,10 @@
 
     .venv/bin/python scripts/vllm_start.py                       # app.py's defaults
     .venv/bin/python scripts/vllm_start.py --env MALLOC_MMAP_MAX_=0 --log /tmp/vllm.log
+    .venv/bin/python scripts/vllm_start.py --main vllm.entrypoints.openai.api_server   # vLLM's own main module
 
 Builds the engine config app.py builds with no flags, resolves the models (the packaged pair by
-default), and starts ``python -m vllm.entrypoints.openai.api_server`` with our ``server_args``
+default), and starts ``python -m SERVER_MODULE`` (or ``--main``) with our ``server_args``
 and ``engine_env`` on 127.0.0.1 (a free port), with no app, tap or page around it. Each line of
 vLLM's log is written to ``--log`` with the seconds since the spawn in front. Once ``/health``
 answers (or 400 s pass), each of vLLM's processes is read from /proc (RSS, minor page faults,
@@ -20,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import app  # noqa: E402
 from engine_adapter.engine.launcher import EngineProcess, engine_env, free_port  # noqa: E402
-from engine_adapter.engine.server_args import server_args  # noqa: E402
+from engine_adapter.engine.server_args import SERVER_MODULE, server_args  # noqa: E402
 from engine_adapter.engine.supervise import group_members  # noqa: E402
 
 # log text -> phase name: the first line containing it marks the phase's end
@@ -76,8 +78,10 @@ def phases(log_lines: list[tuple[float, str]]) -> dict[str, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE", help="add to vLLM's environment")
-    p.add_argument("--log", default="vllm_start.log", help="vLLM's log, seconds since the spawn in front")
+    default_log = str(Path(tempfile.gettempdir()) / "vllm_start.log")
+    p.add_argument("--log", default=default_log, help="vLLM's log, seconds since the spawn in front")
     p.add_argument("--timeout", type=float, default=400.0)
+    p.add_argument("--main", default=SERVER_MODULE, help="the module vLLM's server runs as (python -m MAIN)")
     o = p.parse_args()
 
     config = app.engine_config(app.parse_args([]))  # what `python app.py` starts
@@ -89,7 +93,7 @@ def main() -> None:
     lines: list[tuple[float, str]] = []
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", *args],
+        [sys.executable, "-m", o.main, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,

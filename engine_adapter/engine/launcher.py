@@ -39,7 +39,7 @@ import httpx
 
 from engine_adapter.engine.platform import Platform, detect_platform
 from engine_adapter.engine.resources import NotEnoughResources, check_resources
-from engine_adapter.engine.server_args import server_args
+from engine_adapter.engine.server_args import SERVER_MODULE, server_args
 from engine_adapter.engine.start_log import ProgressFn, StartProgress, explain_failure, milestones_seen
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.engine_config import EngineConfig
@@ -261,7 +261,7 @@ class EngineProcess:
             "--",
             sys.executable,
             "-m",
-            "vllm.entrypoints.openai.api_server",
+            SERVER_MODULE,
             *args,
         ]
         self._log = open(self.log_path, "wb")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.engine.client import RequestError
+from engine_adapter.engine.server_args import SERVER_MODULE
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.records import RequestResult
 from engine_adapter.service.engine_service import EngineService
@@ -63,7 +64,7 @@ def _vllm_server_pid(service: EngineService, timeout_s: float = 30) -> tuple[int
         for pid in group_members(pgid):
             with contextlib.suppress(FileNotFoundError):
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-                if pid != pgid and b"vllm.entrypoints.openai.api_server" in cmd:  # not its supervisor
+                if pid != pgid and SERVER_MODULE.encode() in cmd:  # not its supervisor
                     return pgid, pid
         if time.monotonic() > deadline:
             raise AssertionError(

@@ -1,0 +1,17 @@
+"""The main module vLLM's OpenAI-compatible server runs under: ``python -m engine_adapter.engine.vllm_server ARGS``.
+
+Contract: the same server, arguments and behaviour as ``python -m vllm.entrypoints.openai.api_server
+ARGS`` (that module's ``__main__`` block calls the same ``main``), launched by ``launcher.EngineProcess``
+and ``scripts/vllm_start.py``. Nothing is imported unless this module runs as the program.
+
+Why: vLLM on CPU starts its engine core and the engine core its worker with multiprocessing's
+``spawn``, and a spawned process first imports its parent's main module (as ``__mp_main__``).
+Under vLLM's own module that is the whole HTTP server (FastAPI, the OpenAI protocol types, gRPC,
+OpenTelemetry, every pooling endpoint) in the engine core and again in the worker, neither of
+which serves HTTP. Under this module a spawned process imports only what its own work needs.
+"""
+
+if __name__ == "__main__":
+    from vllm.entrypoints.launchers.api_server.entry import main
+
+    main()
