@@ -17,16 +17,17 @@ from vllm.v1.worker.cpu_worker import CPUWorker
 
 from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
 from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin
+from engine_adapter.vllm_plugin.loading_cores import AllCoresLoadingMixin
 from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
 
 
-class CPULazyKVWorker(LazyKVCacheMixin, CPUWorker):
+class CPULazyKVWorker(AllCoresLoadingMixin, LazyKVCacheMixin, CPUWorker):
     """vLLM's CPU worker with its KV cache committed at first use."""
 
 
-class CPUVerifierWorker(LazyKVCacheMixin, AcceptanceRuleMixin, CPUWorker):
+class CPUVerifierWorker(AllCoresLoadingMixin, LazyKVCacheMixin, AcceptanceRuleMixin, CPUWorker):
     """vLLM's CPU worker with the acceptance rules and the exact-drafts report."""
 
 
-class CPUIdleDrafterWorker(LazyKVCacheMixin, IdleDrafterMixin, AcceptanceRuleMixin, CPUWorker):
+class CPUIdleDrafterWorker(AllCoresLoadingMixin, LazyKVCacheMixin, IdleDrafterMixin, AcceptanceRuleMixin, CPUWorker):
     """vLLM's CPU worker with the idle drafter, the acceptance rules and the exact-drafts report."""

@@ -7,6 +7,7 @@ scheduler tap, and checks the provenance against vLLM's own numbers.
 from __future__ import annotations
 
 import asyncio
+import re
 from pathlib import Path
 
 import httpx
@@ -15,6 +16,7 @@ import pytest
 from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.service.load import run_prompts
+from engine_adapter.vllm_plugin.loading_cores import machine_cores, parse_cpu_list
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 
 
@@ -104,6 +106,34 @@ async def test_the_kv_cache_is_committed_at_first_use(engines):
     size, rss = kv[0]
     # vLLM's own cache is resident whole (written at start-up); blocks earlier tests used are resident
     assert rss < size // 2, kv
+
+
+def _thread_cores(pid: int) -> dict[int, set[int]]:
+    """Each thread of ``pid``: the cores it may run on (its ``Cpus_allowed_list``)."""
+    cores = {}
+    for tid in Path(f"/proc/{pid}/task").iterdir():
+        for line in (tid / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                cores[int(tid.name)] = parse_cpu_list(line.split(":", 1)[1])
+    return cores
+
+
+async def test_the_worker_loads_on_every_core_and_serves_on_its_own(engines):
+    """vllm_plugin/loading_cores.py: the log says the models loaded on all the machine's cores;
+    after a request, every thread of the worker is back on the cores it serves on."""
+    engine = await engines.get("draft", "perturbed")
+    check_invariants(await run(engine, PROMPTS[0], max_tokens=16))
+    log = engine.process.log_path.read_text(errors="replace")
+    found = re.search(r"loaded on cores \[([\d, ]+)\] in [\d.]+ s; serving on \[([\d, ]+)\]", log)
+    assert found, log[-3000:]
+    loaded, serving = ({int(c) for c in g.split(",")} for g in found.groups())
+    assert loaded == machine_cores()
+    assert serving <= loaded
+    (worker,) = [
+        p for p in group_members(engine.process.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "VLLM::Worker"
+    ]
+    threads = _thread_cores(worker)
+    assert all(cores == serving for cores in threads.values()), threads
 
 
 async def test_ngram_steps_without_drafts_are_plain(engines):
