@@ -32,8 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import app  # noqa: E402
 from engine_adapter.engine.launcher import EngineProcess, engine_env, free_port  # noqa: E402
-from engine_adapter.engine.server_args import SERVER_MODULE, server_args  # noqa: E402
+from engine_adapter.engine.server_args import server_args  # noqa: E402
 from engine_adapter.engine.supervise import group_members  # noqa: E402
+from engine_adapter.vllm_plugin.paths import SERVER_MODULE  # noqa: E402
 
 # log text -> phase name: the first line containing it marks the phase's end
 PHASES = {

@@ -39,11 +39,12 @@ import httpx
 
 from engine_adapter.engine.platform import Platform, detect_platform
 from engine_adapter.engine.resources import NotEnoughResources, check_resources
-from engine_adapter.engine.server_args import SERVER_MODULE, server_args
+from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine.start_log import ProgressFn, StartProgress, explain_failure, milestones_seen
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import PROJECT_ROOT
+from engine_adapter.vllm_plugin.paths import SERVER_MODULE
 from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 

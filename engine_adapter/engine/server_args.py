@@ -1,8 +1,8 @@
 """The argument list for vLLM's OpenAI server, from an ``EngineConfig`` and the platform it runs on.
 
 Contract: ``server_args(config, target_dir, draft_dir, port, platform)`` gives the argument
-list for vLLM's OpenAI server, run as ``python -m SERVER_MODULE`` (``vllm_server``: vLLM's server under a
-main module its spawned processes import for nothing); ``speculative_config`` the
+list for vLLM's OpenAI server, run as ``python -m paths.SERVER_MODULE`` (``vllm_plugin.server_main``:
+vLLM's server under a main module its spawned processes import for nothing); ``speculative_config`` the
 ``--speculative-config`` object. The platform is explicit (``engine.platform``), so both
 platforms' launches are built, and tested, on either machine. The plugin's class paths come
 from ``vllm_plugin.paths`` (a unit test resolves them to the classes).
@@ -35,8 +35,6 @@ from engine_adapter.engine_config import (
     resolve_dtype,
 )
 from engine_adapter.vllm_plugin.paths import LAZY_KV_WORKER, QUIET_EXECUTOR, scheduler_class_path, worker_class_path
-
-SERVER_MODULE = "engine_adapter.engine.vllm_server"  # python -m SERVER_MODULE <server_args(...)>
 
 GIB = 1 << 30  # bytes
 

@@ -6,7 +6,9 @@ scheduler tap; ``QUIET_EXECUTOR`` the ``--distributed-executor-backend`` of a CP
 the platform's worker with the acceptance rules and the exact-drafts report
 (``lossy_sampler.py``), and with the idle drafter too (``idle_drafter.py``) when asked;
 ``LAZY_KV_WORKER`` the ``--worker-cls`` of any other CPU launch (every CPU worker of the plugin
-maps its KV cache instead of writing it, ``lazy_kv_cache.py``).
+maps its KV cache instead of writing it, ``lazy_kv_cache.py``, and loads its models on every core,
+``loading_cores.py``). ``SERVER_MODULE`` is the module vLLM's OpenAI server runs as
+(``python -m SERVER_MODULE ARGS``, ``server_main.py``).
 There is one worker class per platform (``workers_cpu.py``, ``workers_gpu.py``), chosen
 here by the platform the launch names, never at import time. The app's process never
 imports vLLM (it would cost seconds and memory at every start), so the paths are written
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 _PACKAGE = __name__.rsplit(".", 1)[0]  # engine_adapter.vllm_plugin
 
+# python -m SERVER_MODULE <server_args>: vLLM's OpenAI server under a main module that imports nothing
+SERVER_MODULE = f"{_PACKAGE}.server_main"
 TAP_SCHEDULER = f"{_PACKAGE}.schedulers.TapScheduler"
 TAP_ASYNC_SCHEDULER = f"{_PACKAGE}.schedulers.TapAsyncScheduler"
 # vLLM's multiprocess executor whose engine core polls (after a 5 ms spin) while its worker runs (CPU launches)

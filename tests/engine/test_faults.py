@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.engine.client import RequestError
-from engine_adapter.engine.server_args import SERVER_MODULE
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.records import RequestResult
 from engine_adapter.service.engine_service import EngineService
+from engine_adapter.vllm_plugin.paths import SERVER_MODULE
 from explorer.views.status import status_markdown
 from tests.support.app_process import start_app, wait_ready
 from tests.support.fixtures import tiny_config

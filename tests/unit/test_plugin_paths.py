@@ -67,6 +67,7 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
 
     from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
     from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin
+    from engine_adapter.vllm_plugin.loading_cores import AllCoresLoadingMixin
     from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
 
     classes = _classes()
@@ -78,9 +79,11 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
             assert (IdleDrafterMixin in mro) == idles
             if idles:
                 assert mro.index(IdleDrafterMixin) < mro.index(AcceptanceRuleMixin)
-            # a CPU worker maps its KV cache (lazy_kv_cache.py); a GPU's is vLLM's own
+            # a CPU worker maps its KV cache (lazy_kv_cache.py) and loads on every core
+            # (loading_cores.py); a GPU's is vLLM's own
             assert (LazyKVCacheMixin in mro) == (kind == "cpu")
-    assert classes[paths.LAZY_KV_WORKER].__mro__[1:] == (LazyKVCacheMixin, *CPUWorker.__mro__)
+            assert (AllCoresLoadingMixin in mro) == (kind == "cpu")
+    assert classes[paths.LAZY_KV_WORKER].__mro__[1:] == (AllCoresLoadingMixin, LazyKVCacheMixin, *CPUWorker.__mro__)
     # (vLLM's CPUWorker is a subclass of its GPU Worker, not the other way round)
     assert not any(issubclass(classes[p], CPUWorker) for p in (GPU_VERIFIER, GPU_IDLER))
 

@@ -1,8 +1,8 @@
-"""The main module vLLM's OpenAI-compatible server runs under: ``python -m engine_adapter.engine.vllm_server ARGS``.
+"""The main module vLLM's OpenAI server runs under: ``python -m engine_adapter.vllm_plugin.server_main ARGS``.
 
 Contract: the same server, arguments and behaviour as ``python -m vllm.entrypoints.openai.api_server
-ARGS`` (that module's ``__main__`` block calls the same ``main``), launched by ``launcher.EngineProcess``
-and ``scripts/vllm_start.py``. Nothing is imported unless this module runs as the program.
+ARGS`` (that module's ``__main__`` block calls the same ``main``), launched by ``engine.launcher.EngineProcess``
+and ``scripts/vllm_start.py`` (``paths.SERVER_MODULE``). Nothing is imported unless this module runs as the program.
 
 Why: vLLM on CPU starts its engine core and the engine core its worker with multiprocessing's
 ``spawn``, and a spawned process first imports its parent's main module (as ``__mp_main__``).

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from engine_adapter.engine.server_args import SERVER_MODULE
+from engine_adapter.vllm_plugin.paths import SERVER_MODULE
 
 HEAVY = ("vllm", "torch", "fastapi", "transformers")  # what vLLM's own main module would bring in
 
