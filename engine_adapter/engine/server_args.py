@@ -157,7 +157,7 @@ def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
 def server_args(
     config: EngineConfig, target_dir: str, draft_dir: str | None, port: int, platform: Platform
 ) -> list[str]:
-    """Arguments for ``python -m vllm.entrypoints.openai.api_server`` on ``platform``."""
+    """Arguments for vLLM's OpenAI server (``python -m paths.SERVER_MODULE``) on ``platform``."""
     args = [
         "--host",
         "127.0.0.1",

@@ -1,11 +1,12 @@
-"""A CPU worker loads its models on every core of the machine, then goes back to its own.
+"""A CPU worker loads its models on all the cores vLLM divides, then serves on its own.
 
 Contract: ``AllCoresLoadingMixin`` goes before vLLM's ``CPUWorker`` in every CPU worker class of
 the plugin (``workers_cpu.py``). Around vLLM's ``load_model()`` (the target's weights, their oneDNN
-packing, the draft model's), ``all_cores()`` lets every thread of the worker run on every core the
-machine has and gives the OpenMP team one thread per core (``LOADING_CORES_ENV=0`` turns it off);
-after it, or if loading fails, each thread gets its own cores back and the team its thread count
-(a thread started during the load gets the main thread's cores). Serving is exactly as vLLM bound
+packing, the draft model's), ``all_cores()`` lets every thread of the worker run on every core vLLM
+had to divide (``loading_cores()``: its engine core's, which vLLM leaves unbound) and gives the
+OpenMP team one thread per core (``LOADING_CORES_ENV=0`` turns it off); after it, or if loading
+fails, each thread gets its own cores back and the team its thread count (a thread started during
+the load gets the union of the worker's cores). Serving is exactly as vLLM bound
 it: the worker on its cores (``VLLM_CPU_OMP_THREADS_BIND``), the reserved ones
 (``VLLM_CPU_NUM_OF_RESERVED_CPU``) left to the API server, the engine core and the app.
 
@@ -14,8 +15,10 @@ waits for it), and most of it is the kernel handing out fresh pages: on the AVX-
 project (2 CPU cores, 24 GiB, a virtual machine whose balloon returns freed memory to its host)
 the worker spent 33-45 s of system time against 11-15 s of its own in a launch, 83 % of its
 samples in ``clear_page_erms`` (docs/benchmarks.md, "2026-12-04"). Page faults are served on the
-core that takes them, so a second thread taking half of them halves that time. ``torch``'s copy of
-a checkpoint tensor into its parameter and oneDNN's weight packing are both OpenMP-parallel.
+core that takes them, and ``torch``'s copy of a checkpoint tensor into its parameter is
+OpenMP-parallel: with both cores the target's weights and the draft model loaded in about half the
+time (vLLM alone 69.7-69.8 s -> 55.7-60.1 s to ready); oneDNN's packing gives most of its pages to
+one thread and took as long as before.
 
 vLLM replaces ``torch.set_num_threads`` in its CPU worker with a no-op that warns (``init_device``)
 because changing the team after its binding would lose the binding; this module sets the count
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -39,11 +43,32 @@ LOADING_CORES_ENV = "SPEC_EXPLORER_LOADING_CORES"  # "0": load on the worker's o
 
 
 def machine_cores() -> set[int]:
-    """Every core this process may be given: the cgroup's set where there is one, else all online."""
+    """Every core of the machine: the cgroup's set where there is one, else all online."""
     for path in ("/sys/fs/cgroup/cpuset.cpus.effective", "/sys/devices/system/cpu/online"):
         with contextlib.suppress(OSError, ValueError):
             return parse_cpu_list(open(path).read())
     return set(range(os.cpu_count() or 1))
+
+
+def loading_cores() -> set[int]:
+    """The cores to load on: the parent's (vLLM leaves its engine core unbound, so these are the cores
+    it divided between the worker and the reserved ones; a ``taskset`` on the launch narrows them),
+    within the machine's. The machine's if the parent cannot be read."""
+    machine = machine_cores()
+    with contextlib.suppress(OSError):
+        parent = os.sched_getaffinity(os.getppid()) & machine
+        if parent:
+            return parent
+    return machine
+
+
+def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> int | None:
+    """Whole cores' worth of CPU time the cgroup allows (``cpu.max``: ``"200000 100000"`` -> 2), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        quota, period = open(path).read().split()[:2]
+        if quota != "max":
+            return max(1, math.ceil(int(quota) / int(period)))
+    return None
 
 
 def parse_cpu_list(text: str) -> set[int]:
@@ -63,31 +88,46 @@ def thread_ids() -> list[int]:
     return [int(t) for t in os.listdir("/proc/self/task")]
 
 
+def thread_affinities() -> dict[int, set[int]]:
+    """Each thread of this process: the cores it may run on (threads that end meanwhile are left out)."""
+    found = {}
+    for tid in thread_ids():
+        with contextlib.suppress(OSError):
+            found[tid] = os.sched_getaffinity(tid)
+    return found
+
+
 def set_affinity(tid: int, cores: set[int]) -> None:
     with contextlib.suppress(OSError):  # a thread that ended meanwhile
         os.sched_setaffinity(tid, cores)
 
 
+def start_team() -> None:
+    """Runs one parallel region, so the OpenMP team of the current size exists and is bound."""
+    torch.ones(1 << 20).add_(1)  # 1 Mi elements: above ATen's grain size (32 Ki), so it runs in parallel
+
+
 @contextlib.contextmanager
 def all_cores(cores: set[int] | None = None) -> Iterator[set[int]]:
-    """Every thread of this process on ``cores`` (the machine's) and one OpenMP thread per core, then back."""
-    cores = cores or machine_cores()
-    main = os.getpid()
-    own = os.sched_getaffinity(main)
-    saved: dict[int, set[int]] = {}
-    for tid in thread_ids():
-        with contextlib.suppress(OSError):
-            saved[tid] = os.sched_getaffinity(tid)
+    """Every thread of this process on ``cores`` (``loading_cores()``) and an OpenMP team of one
+    thread per core (at most the cgroup's quota), then each thread back on its cores and the team
+    at its size. A thread started meanwhile gets the union of the threads' cores from before."""
+    cores = cores or loading_cores()
+    start_team()  # the serving team exists and OpenMP has bound it before its binding is saved
+    saved = thread_affinities()
+    serving = set().union(*saved.values())
     threads = torch.get_num_threads()
-    for tid in saved:
-        set_affinity(tid, cores)
-    torch._C.set_num_threads(len(cores))
+    # vLLM's CPUWorker replaced torch.set_num_threads with a no-op (init_device); this is what it wrapped
+    torch._C.set_num_threads(min(len(cores), cpu_quota() or len(cores)))
     try:
+        start_team()  # new OpenMP threads, bound by OpenMP to the worker's cores: unbound below
+        for tid in thread_ids():
+            set_affinity(tid, cores)
         yield cores
     finally:
         torch._C.set_num_threads(threads)
         for tid in thread_ids():
-            set_affinity(tid, saved.get(tid, own))
+            set_affinity(tid, saved.get(tid, serving))
 
 
 class AllCoresLoadingMixin:
@@ -103,6 +143,6 @@ class AllCoresLoadingMixin:
             "loaded on cores %s in %.1f s; serving on %s",
             sorted(cores),
             time.monotonic() - t0,
-            sorted(os.sched_getaffinity(0)),
+            sorted(set().union(*thread_affinities().values())),
         )
         return result

@@ -83,6 +83,8 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
             # (loading_cores.py); a GPU's is vLLM's own
             assert (LazyKVCacheMixin in mro) == (kind == "cpu")
             assert (AllCoresLoadingMixin in mro) == (kind == "cpu")
+            if kind == "cpu":
+                assert mro.index(AllCoresLoadingMixin) < mro.index(LazyKVCacheMixin) < mro.index(base)
     assert classes[paths.LAZY_KV_WORKER].__mro__[1:] == (AllCoresLoadingMixin, LazyKVCacheMixin, *CPUWorker.__mro__)
     # (vLLM's CPUWorker is a subclass of its GPU Worker, not the other way round)
     assert not any(issubclass(classes[p], CPUWorker) for p in (GPU_VERIFIER, GPU_IDLER))
