@@ -84,14 +84,15 @@ def parse_cpu_list(text: str) -> set[int]:
     return cores
 
 
-def thread_ids() -> list[int]:
-    return [int(t) for t in os.listdir("/proc/self/task")]
+def thread_ids(pid: int | str = "self") -> list[int]:
+    return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
 
 
-def thread_affinities() -> dict[int, set[int]]:
-    """Each thread of this process: the cores it may run on (threads that end meanwhile are left out)."""
+def thread_affinities(pid: int | str = "self") -> dict[int, set[int]]:
+    """Each thread of process ``pid`` (this one by default): the cores it may run on (threads that
+    end meanwhile are left out)."""
     found = {}
-    for tid in thread_ids():
+    for tid in thread_ids(pid):
         with contextlib.suppress(OSError):
             found[tid] = os.sched_getaffinity(tid)
     return found

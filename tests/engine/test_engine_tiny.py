@@ -7,7 +7,7 @@ scheduler tap, and checks the provenance against vLLM's own numbers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import os
 import re
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import pytest
 from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.service.load import run_prompts
-from engine_adapter.vllm_plugin.loading_cores import machine_cores, parse_cpu_list
+from engine_adapter.vllm_plugin.loading_cores import machine_cores, thread_affinities
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 
 
@@ -92,6 +92,12 @@ def resident_kib(pid: int, min_size_kib: int) -> list[tuple[int, int]]:
     return maps
 
 
+def _member(engine, comm: str) -> int:
+    """The one process of the engine's group named ``comm`` (``VLLM::Worker``, ``VLLM::EngineCor``)."""
+    (pid,) = [p for p in group_members(engine.process.pid) if Path(f"/proc/{p}/comm").read_text().strip() == comm]
+    return pid
+
+
 async def test_the_kv_cache_is_committed_at_first_use(engines):
     """Every CPU launch maps its KV cache instead of writing it (vllm_plugin/lazy_kv_cache.py): after
     requests ran, the worker's 1 GiB KV mapping is mostly not resident, and the outputs are right
@@ -99,25 +105,12 @@ async def test_the_kv_cache_is_committed_at_first_use(engines):
     engine = await engines.get("draft", "perturbed")
     check_invariants(await run(engine, PROMPTS[0], max_tokens=32))
     assert "pages are committed at first use" in engine.process.log_path.read_text(errors="replace")
-    (worker,) = [
-        p for p in group_members(engine.process.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "VLLM::Worker"
-    ]
+    worker = _member(engine, "VLLM::Worker")
     kv = resident_kib(worker, 900 << 10)  # the 1 GiB cache (tiny models: nothing else as large)
     assert len(kv) == 1, resident_kib(worker, 256 << 10)
     size, rss = kv[0]
     # vLLM's own cache is resident whole (written at start-up); blocks earlier tests used are resident
     assert rss < size // 2, kv
-
-
-def _thread_cores(pid: int) -> dict[int, set[int]]:
-    """Each thread of ``pid``: the cores it may run on (its ``Cpus_allowed_list``)."""
-    cores = {}
-    for tid in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a thread that ended meanwhile
-            for line in (tid / "status").read_text().splitlines():
-                if line.startswith("Cpus_allowed_list:"):
-                    cores[int(tid.name)] = parse_cpu_list(line.split(":", 1)[1])
-    return cores
 
 
 def _cores_in(pattern: str, log: str) -> set[int]:
@@ -135,13 +128,9 @@ async def test_the_worker_loads_on_every_core_and_serves_on_its_own(engines):
     loaded = _cores_in(r"loaded on cores \[([\d, ]+)\] in [\d.]+ s", log)
     serving = _cores_in(r"loaded on cores .* serving on \[([\d, ]+)\]", log)
     bound = _cores_in(r"local_rank=0, core ids=\[([\d, ]+)\]", log)  # vLLM's OpenMP binding
-    (worker,) = [
-        p for p in group_members(engine.process.pid) if Path(f"/proc/{p}/comm").read_text().strip() == "VLLM::Worker"
-    ]
-    engine_core = int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    assert loaded == _thread_cores(engine_core)[engine_core] & machine_cores()
+    assert loaded == os.sched_getaffinity(_member(engine, "VLLM::EngineCor")) & machine_cores()
     assert serving == bound and bound <= loaded
-    threads = _thread_cores(worker)
+    threads = thread_affinities(_member(engine, "VLLM::Worker"))
     assert all(cores <= bound for cores in threads.values()), threads
     assert set().union(*threads.values()) == bound
 
