@@ -9,7 +9,9 @@ and the tests call the same code):
 - ``derive_auto_table(cost, alphas, k_max, max_batch)``: for every batch size
   the K maximising E(K) / step_s(b, K) (emitted tokens per second), written as
   vLLM's ``num_speculative_tokens_per_batch_size`` rows, with the curves it
-  maximised;
+  maximised; where those per-batch-size optima would rise with the batch size,
+  the non-increasing K sequence that loses the least (``non_increasing_ks``):
+  K falls as the machine fills, never rises;
 - ``auction(scores, cost, batch_size)``: (request, position) draft slots
   scored by survival probability, admitted globally best-first until the
   number of slots maximising expected tokens per second under the cost model;
@@ -45,10 +47,13 @@ def expected_tokens(alphas: Sequence[float], k: int) -> float:
 @dataclass(frozen=True)
 class AutoTable:
     rows: KTable  # vLLM's [start_bs, end_bs, K], inclusive, first starts at 1
-    k_by_batch: list[int]  # [max_batch], index b-1 -> chosen K
+    k_by_batch: list[int]  # [max_batch], index b-1 -> chosen K (never rising with b)
     # tokens/s per request for K = 0..k_max at each batch size: [max_batch][k_max + 1]
     rate: list[list[float]]
     alphas: list[float]
+    # [max_batch]: K maximising each batch size's own rate (ties: the smaller), before the
+    # never-rising constraint; differs from k_by_batch only where those optima rise
+    optimum_by_batch: list[int] = field(default_factory=list)
 
 
 def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int) -> tuple[int, list[float]]:
@@ -68,16 +73,42 @@ def rows_from_ks(k_by_batch: Sequence[int]) -> KTable:
     return rows
 
 
+def non_increasing_ks(rate: Sequence[Sequence[float]]) -> list[int]:
+    """The K per batch size, never rising with it, that keeps the most of each batch size's best rate.
+
+    ``rate[b-1][K]`` is tokens/s per request at batch size b with K drafts ([max_batch][k_max + 1]).
+    Maximises sum over b of rate[b-1][K_b] / max(rate[b-1]) subject to K_1 >= K_2 >= ...; ties go
+    to the smaller K. Where the per-batch-size optima already never rise, they are the answer.
+    Why a constraint: on the fitted curves the optimum can rise with the batch size, by a few per
+    cent of rate, where a drafter's fixed cost per step spreads over more requests or the fit's
+    flat region is cheaper than its line (docs/k-policies.md, "The auto table never rises")."""
+    n_k = len(rate[0]) if rate else 0
+    score = [[r / max(row) if max(row) > 0 else 0.0 for r in row] for row in rate]
+    # tail[b][k]: the best score of batch sizes b+1.. when batch size b+1 runs K = k at most
+    tail = [[0.0] * n_k for _ in range(len(rate) + 1)]
+    for b in range(len(rate) - 1, -1, -1):
+        best_here = float("-inf")
+        for k in range(n_k):
+            best_here = max(best_here, score[b][k] + tail[b + 1][k])
+            tail[b][k] = best_here
+    ks: list[int] = []
+    ceiling = n_k - 1
+    for b in range(len(rate)):
+        # the smallest K at or under the ceiling reaching this batch size's best total
+        total = [score[b][k] + tail[b + 1][k] for k in range(ceiling + 1)]
+        k = min(range(ceiling + 1), key=lambda k: (-round(total[k], 12), k))
+        ks.append(k)
+        ceiling = k
+    return ks
+
+
 def derive_auto_table(cost: CostModel, alphas: Sequence[float], k_max: int, max_batch: int) -> AutoTable:
     if k_max < 0 or max_batch < 1:
         raise ValueError("k_max must be >= 0 and max_batch >= 1")
     alphas = list(alphas[:k_max]) + [0.0] * (k_max - len(alphas))  # unmeasured positions: no credit
-    ks, rates = [], []
-    for b in range(1, max_batch + 1):
-        k, rate = best_k(cost, alphas, b, k_max)
-        ks.append(k)
-        rates.append(rate)
-    return AutoTable(rows_from_ks(ks), ks, rates, alphas)
+    optima, rates = zip(*(best_k(cost, alphas, b, k_max) for b in range(1, max_batch + 1)))
+    ks = non_increasing_ks(rates)
+    return AutoTable(rows_from_ks(ks), ks, list(rates), alphas, list(optima))
 
 
 @dataclass(frozen=True)

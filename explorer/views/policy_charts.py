@@ -202,13 +202,28 @@ def auto_figure(auto: AutoTable | None, batch_size: float, chosen_by: str) -> go
         title=dict(text=f"{title}<br><sup>{subtitle}</sup>"),
         height=HEIGHT + 30,
         showlegend=False,
-        margin=dict(l=50, r=10, t=100, b=40),
+        margin=dict(l=50, r=10, t=100, b=60),
     )
-    fig.update_xaxes(title_text=f"K (at batch size {b}, K = {best} maximises)", row=1, col=1)
+    fig.update_xaxes(title_text=chosen_k_caption(auto, b), row=1, col=1)
     fig.update_yaxes(title_text="tokens/s per request", row=1, col=1)
     fig.update_xaxes(title_text="batch size (K chosen for each)", row=1, col=2)
     fig.update_yaxes(title_text="K", row=1, col=2, rangemode="tozero")
     return fig
+
+
+def chosen_k_caption(auto: AutoTable, batch_size: int) -> str:
+    """Why K is what it is at ``batch_size`` (1-based): the curve's maximum, or, where the batch
+    size's own maximum would make K rise with the batch size, what keeping it from rising costs."""
+    best = auto.k_by_batch[batch_size - 1]
+    optimum = auto.optimum_by_batch[batch_size - 1] if auto.optimum_by_batch else best
+    if optimum == best:
+        return f"K (at batch size {batch_size}, K = {best} maximises)"
+    rate = auto.rate[batch_size - 1]
+    gain = rate[optimum] / rate[best] - 1 if rate[best] > 0 else 0.0
+    return (
+        f"K (at batch size {batch_size}, K = {best}; K = {optimum} gives {gain:+.2%}"
+        "<br>but K never rises with the batch size)"
+    )
 
 
 def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: int = 8) -> go.Figure:

@@ -8,10 +8,16 @@ import pandas as pd
 import pytest
 
 from engine_adapter.policy.cost_model import CostModel, CostPoint
-from engine_adapter.policy.k_policy import derive_auto_table
+from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.records import EngineStep, SlotBid
 from explorer.views.k_table import table_check, table_rows
-from explorer.views.policy_charts import auction_figure, auto_figure, step_time_figure, table_in_force_markdown
+from explorer.views.policy_charts import (
+    auction_figure,
+    auto_figure,
+    chosen_k_caption,
+    step_time_figure,
+    table_in_force_markdown,
+)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +129,19 @@ def test_the_knee_label_sits_on_the_knee_line(knee, line_at):
     label = next(a for a in fig.layout.annotations if a.text.startswith("knee"))
     line = next(s for s in fig.layout.shapes if s.type == "line")
     assert (line.x0, label.x) == (line_at, pytest.approx(math.log10(line_at)))
+
+
+@pytest.mark.parametrize(
+    "batch_size, expected",
+    [
+        (1, "K (at batch size 1, K = 1 maximises)"),  # its own optimum
+        (2, "K (at batch size 2, K = 1; K = 2 gives +10.00%<br>but K never rises with the batch size)"),
+        (3, "K (at batch size 3, K = 0 maximises)"),
+    ],
+)
+def test_the_auto_chart_says_where_k_was_kept_from_rising(batch_size, expected):
+    auto = AutoTable([(1, 2, 1), (3, 3, 0)], [1, 1, 0], [[1, 2, 1], [1, 2, 2.2], [2, 1, 1]], [0.9], [1, 2, 0])
+    assert chosen_k_caption(auto, batch_size) == expected
 
 
 def test_figures_render_with_and_without_data():

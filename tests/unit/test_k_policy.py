@@ -15,6 +15,7 @@ from engine_adapter.policy.k_policy import (
     derive_auto_table,
     expected_tokens,
     idle_drafter_k,
+    non_increasing_ks,
     rows_from_ks,
 )
 
@@ -302,6 +303,61 @@ def test_the_auto_table_never_zig_zags_on_a_noisy_grid(acceptance):
     cost = fit_cost_model(pts, drafter_runs_model=True)
     ks = derive_auto_table(cost, [acceptance ** (i + 1) for i in range(5)], 5, 64).k_by_batch
     assert ks == sorted(ks, reverse=True), ks  # K never rises with the batch size
+
+
+def best_non_increasing_by_brute_force(rate):
+    """Every non-increasing K sequence, scored as non_increasing_ks scores it; ties to the smaller Ks."""
+    n_k = len(rate[0])
+    seqs = [[k] for k in range(n_k)]
+    for _ in rate[1:]:
+        seqs = [s + [k] for s in seqs for k in range(s[-1] + 1)]
+    return max(seqs, key=lambda s: (round(sum(r[k] / max(r) for r, k in zip(rate, s)), 12), [-k for k in s]))
+
+
+@pytest.mark.parametrize(
+    "rate, expected",
+    [
+        # per-batch-size optima that never rise are kept as they are
+        ([[1, 3, 2], [1, 2, 1.5], [2, 1, 0.5]], [1, 1, 0]),
+        # the CI machine's shape on 2026-12-04 (tiny pair): K 1, then 2, then 0; lowering the
+        # one rising batch size to K=1 loses 1 %, raising the first to K=2 would lose 10 %
+        ([[1, 2, 1.8], [1, 1.98, 2.0], [2, 1, 0.5]], [1, 1, 0]),
+        # ... and where raising the first costs less than lowering the rise, the first is raised
+        ([[1, 2.0, 1.99], [1, 1.5, 2.0], [2, 1, 0.5]], [2, 2, 0]),
+        # a tie at one batch size goes to the smaller K
+        ([[1, 2, 2], [1, 2, 2]], [1, 1]),
+        # a single batch size, a single K
+        ([[5.0]], [0]),
+    ],
+)
+def test_non_increasing_ks(rate, expected):
+    assert non_increasing_ks(rate) == expected
+    assert non_increasing_ks(rate) == best_non_increasing_by_brute_force(rate)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_non_increasing_ks_is_the_best_non_increasing_sequence(seed):
+    import random
+
+    rnd = random.Random(seed)
+    rate = [[rnd.choice([0.5, 1.0, 1.5, 2.0, 2.5]) for _ in range(4)] for _ in range(5)]
+    ks = non_increasing_ks(rate)
+    assert ks == sorted(ks, reverse=True), ks
+    assert ks == best_non_increasing_by_brute_force(rate), rate
+
+
+def test_a_drafter_whose_fixed_cost_spreads_over_the_batch_never_makes_k_rise():
+    # a draft model whose further passes cost 30 ms a step however many requests share them, on a
+    # target still nearly flat: per batch size the optimum rises from K=1 at b=1 to K=3 at b=3..4,
+    # then falls to 0; the table keeps the best sequence that never rises, and says what it gave up
+    cost = CostModel(0.05, 0.005, 2, first_s=0.02, first_s_per_req=0.005, draft_s=0.03)
+    alphas = [0.95] * 3
+    optima = [brute_force_best_k(cost, alphas, b, 3) for b in range(1, 17)]
+    assert optima[:5] == [1, 2, 3, 3, 0], optima  # the unconstrained optimum rises
+    auto = derive_auto_table(cost, alphas, 3, 16)
+    assert auto.k_by_batch == sorted(auto.k_by_batch, reverse=True), auto.k_by_batch
+    assert auto.optimum_by_batch == optima
+    assert auto.k_by_batch == best_non_increasing_by_brute_force(auto.rate)
 
 
 @pytest.mark.parametrize(
