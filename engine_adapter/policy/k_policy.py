@@ -55,6 +55,14 @@ class AutoTable:
     # never-rising constraint; differs from k_by_batch only where those optima rise
     optimum_by_batch: list[int] = field(default_factory=list)
 
+    def up_to(self, max_batch: int) -> AutoTable:
+        """The same choices for batch sizes 1..``max_batch`` only (what a chart shows). Not the
+        table ``derive_auto_table`` gives for ``max_batch``: larger batch sizes can hold K up at
+        smaller ones (``non_increasing_ks``)."""
+        n = min(max_batch, len(self.k_by_batch))
+        ks = self.k_by_batch[:n]
+        return AutoTable(rows_from_ks(ks), ks, self.rate[:n], self.alphas, self.optimum_by_batch[:n])
+
 
 def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int) -> tuple[int, list[float]]:
     """K in 0..k_max maximising E(K) / step_s(b, K), and the rate for each K (tokens/s per request)."""
@@ -77,13 +85,23 @@ def non_increasing_ks(rate: Sequence[Sequence[float]]) -> list[int]:
     """The K per batch size, never rising with it, that keeps the most of each batch size's best rate.
 
     ``rate[b-1][K]`` is tokens/s per request at batch size b with K drafts ([max_batch][k_max + 1]).
-    Maximises sum over b of rate[b-1][K_b] / max(rate[b-1]) subject to K_1 >= K_2 >= ...; ties go
-    to the smaller K. Where the per-batch-size optima already never rise, they are the answer.
-    Why a constraint: on the fitted curves the optimum can rise with the batch size, by a few per
-    cent of rate, where a drafter's fixed cost per step spreads over more requests or the fit's
-    flat region is cheaper than its line (docs/k-policies.md, "The auto table never rises")."""
-    n_k = len(rate[0]) if rate else 0
-    score = [[r / max(row) if max(row) > 0 else 0.0 for r in row] for row in rate]
+    Where the per-batch-size optima (the largest rate, ties to the smaller K, as ``best_k``) never
+    rise, they are the answer, exactly. Otherwise: the K_1 >= K_2 >= ... maximising the sum over b
+    of rate[b-1][K_b] / max(rate[b-1]), sums equal to 12 decimals counted as ties, which go to the
+    smaller K at the smallest batch size first. A row whose best rate is 0 or below scores 0 at
+    every K; an empty ``rate`` gives []. Why a constraint: on the fitted curves the optimum can
+    rise with the batch size, by a few per cent of rate, where a drafter's fixed cost per step
+    spreads over more requests (docs/k-policies.md, "The auto table never rises"). Every batch
+    size up to max_batch weighs the same, so the engine's max_num_seqs can move K at the smaller
+    ones."""
+    optima = [max(range(len(row)), key=lambda k: (row[k], -k)) for row in rate]
+    if all(a >= b for a, b in zip(optima, optima[1:])):
+        return optima
+    n_k = len(rate[0])
+    score = []  # [max_batch][n_k]: each rate as a share of its batch size's best
+    for row in rate:
+        top = max(row)
+        score.append([r / top if top > 0 else 0.0 for r in row])
     # tail[b][k]: the best score of batch sizes b+1.. when batch size b+1 runs K = k at most
     tail = [[0.0] * n_k for _ in range(len(rate) + 1)]
     for b in range(len(rate) - 1, -1, -1):
@@ -95,14 +113,18 @@ def non_increasing_ks(rate: Sequence[Sequence[float]]) -> list[int]:
     ceiling = n_k - 1
     for b in range(len(rate)):
         # the smallest K at or under the ceiling reaching this batch size's best total
-        total = [score[b][k] + tail[b + 1][k] for k in range(ceiling + 1)]
-        k = min(range(ceiling + 1), key=lambda k: (-round(total[k], 12), k))
-        ks.append(k)
-        ceiling = k
+        total = [round(score[b][k] + tail[b + 1][k], 12) for k in range(ceiling + 1)]
+        chosen = min(range(ceiling + 1), key=lambda k: (-total[k], k))
+        ks.append(chosen)
+        ceiling = chosen
     return ks
 
 
 def derive_auto_table(cost: CostModel, alphas: Sequence[float], k_max: int, max_batch: int) -> AutoTable:
+    """The auto table for batch sizes 1..``max_batch`` (the engine's max_num_seqs) and K up to
+    ``k_max``: each batch size's rates under ``cost`` with acceptance ``alphas`` per draft position
+    (unmeasured positions count as never accepted), its own optimum, and the K chosen so that K
+    never rises with the batch size (``non_increasing_ks``)."""
     if k_max < 0 or max_batch < 1:
         raise ValueError("k_max must be >= 0 and max_batch >= 1")
     alphas = list(alphas[:k_max]) + [0.0] * (k_max - len(alphas))  # unmeasured positions: no credit

@@ -331,5 +331,8 @@ class LivePolicy:
         # the key holds the cost model itself (not its id, which a later one may reuse)
         key = (ctl.cost, tuple(alphas), ctl.k_max, ctl.max_batch)
         if self._preview is None or self._preview[0] != key:
-            self._preview = (key, derive_auto_table(ctl.cost, alphas, ctl.k_max, min(ctl.max_batch, MAX_PREVIEW_BATCH)))
+            # derived over every batch size the engine takes, as ``auto`` would apply it, then cut for the
+            # chart: the larger batch sizes can hold K up at the smaller ones
+            auto = derive_auto_table(ctl.cost, alphas, ctl.k_max, ctl.max_batch)
+            self._preview = (key, auto.up_to(MAX_PREVIEW_BATCH))
         return self._preview[1]

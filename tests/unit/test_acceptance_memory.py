@@ -3,7 +3,8 @@
 No engine: real ``EngineStep`` records through ``LivePolicy``'s own window, and the cost-model cache
 on a temporary disk. Why it matters: under the 0.5 guess the auto table chose K=0 at every batch
 size on the packaged pair, so a launch with a cached cost model (or a minute at K=0) never drafted
-again and never measured anything to correct it.
+again and never measured anything to correct it. Also the auto-table preview the page draws from
+that memory: the table ``auto`` would apply, not one derived for fewer batch sizes.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import pytest
 
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.policy.controller import PolicyController
-from engine_adapter.policy.cost_model import CostPoint, fit_cost_model
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.k_policy import derive_auto_table
-from engine_adapter.policy.live_state import LivePolicy
+from engine_adapter.policy.live_state import MAX_PREVIEW_BATCH, LivePolicy
 from engine_adapter.policy.profiler import load_cached, load_cached_acceptance, save_cached
 from engine_adapter.records import EngineStep
 
@@ -124,3 +125,25 @@ def test_a_cache_without_a_usable_acceptance_gives_none(tmp_path, saved):
     path.write_text(json.dumps(cost.to_dict() | saved))
     assert load_cached_acceptance(path) is None
     assert load_cached(path, drafter_runs_model=True) is not None
+
+
+def test_the_preview_is_the_table_auto_applies_cut_to_the_charts_batch_sizes():
+    """A draft model whose fixed cost spreads over the batch: past 64 requests K=3 pays again, and
+    keeping K from rising holds K=3 at 43-64 requests too. A table derived for 64 batch sizes
+    only would show K=2 there, which ``auto`` never applies on this engine (max_num_seqs 256)."""
+    history = _Steps()
+    now = time.monotonic()
+    history.steps = [_step(i, now - 5, (1, 1, 1), (1, 1, 1)) for i in range(19)] + [
+        _step(19, now - 5, (0, 0, 0), (1, 0, 0))
+    ]
+    live = LivePolicy(history.since, ["a prompt"], window_s=60.0)
+    live.controller = PolicyController(client=None, k_max=3, max_batch=256)
+    live.controller.cost = CostModel(0.05, 0.005 / 75, 150, first_s=0.02, first_s_per_req=0.005 / 75, draft_s=0.03)
+    live.remember_window()
+    alphas = live.alphas()
+    applied = derive_auto_table(live.controller.cost, alphas, 3, 256)
+    assert derive_auto_table(live.controller.cost, alphas, 3, MAX_PREVIEW_BATCH).rows != applied.up_to(64).rows
+    preview = live.view().auto_preview
+    assert preview.rows == applied.up_to(MAX_PREVIEW_BATCH).rows == [(1, 64, 3)]
+    assert preview.k_by_batch == applied.k_by_batch[:MAX_PREVIEW_BATCH]
+    assert preview.rate == applied.rate[:MAX_PREVIEW_BATCH]

@@ -311,7 +311,8 @@ def best_non_increasing_by_brute_force(rate):
     seqs = [[k] for k in range(n_k)]
     for _ in rate[1:]:
         seqs = [s + [k] for s in seqs for k in range(s[-1] + 1)]
-    return max(seqs, key=lambda s: (round(sum(r[k] / max(r) for r, k in zip(rate, s)), 12), [-k for k in s]))
+    share = [[x / max(r) if max(r) > 0 else 0.0 for x in r] for r in rate]
+    return max(seqs, key=lambda s: (round(sum(r[k] for r, k in zip(share, s)), 12), [-k for k in s]))
 
 
 @pytest.mark.parametrize(
@@ -326,8 +327,10 @@ def best_non_increasing_by_brute_force(rate):
         ([[1, 2.0, 1.99], [1, 1.5, 2.0], [2, 1, 0.5]], [2, 2, 0]),
         # a tie at one batch size goes to the smaller K
         ([[1, 2, 2], [1, 2, 2]], [1, 1]),
-        # a single batch size, a single K
-        ([[5.0]], [0]),
+        # a single batch size: its optimum
+        ([[1, 3, 2]], [1]),
+        # a batch size where nothing runs (rate 0 at every K) follows the others
+        ([[1, 2, 3], [0, 0, 0], [1, 3, 1]], [2, 1, 1]),
     ],
 )
 def test_non_increasing_ks(rate, expected):
@@ -358,6 +361,21 @@ def test_a_drafter_whose_fixed_cost_spreads_over_the_batch_never_makes_k_rise():
     assert auto.k_by_batch == sorted(auto.k_by_batch, reverse=True), auto.k_by_batch
     assert auto.optimum_by_batch == optima
     assert auto.k_by_batch == best_non_increasing_by_brute_force(auto.rate)
+    assert auto.rows == [(1, 4, 2), (5, 16, 0)]  # docs/k-policies.md quotes this table
+
+
+@pytest.mark.parametrize(
+    "rate, expected",
+    [
+        ([], []),  # no batch sizes
+        # optima that never rise are returned exactly, even where rates differ by less than the
+        # rounding that decides ties between whole sequences
+        ([[1.0, 1.0 + 1e-13, 0.5]], [1]),
+        ([[1.0, 1.0 + 1e-13], [2.0, 1.0]], [1, 0]),
+    ],
+)
+def test_non_increasing_ks_edges(rate, expected):
+    assert non_increasing_ks(rate) == expected
 
 
 @pytest.mark.parametrize(
