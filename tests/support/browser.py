@@ -2,7 +2,8 @@
 
 ``SHOTS``: where screenshots go (look at them after a run); ``CHROMIUM``: the browser's path or
 None; ``drag_slider(page, value)`` drags the load slider's thumb with the mouse;
-``showing(page, selector)`` makes a Playwright wait that times out say what ``selector`` showed.
+``showing(page, selector)`` makes a Playwright wait that times out say what ``selector`` showed;
+``edit_cell(page, selector, text)`` types ``text`` into a table cell as a person does.
 """
 
 from __future__ import annotations
@@ -47,3 +48,30 @@ def showing(page, selector: str):
     except PlaywrightTimeout as e:
         shown = page.locator(selector).first.inner_text() if page.locator(selector).count() else "(absent)"
         raise AssertionError(f"{e.message.splitlines()[0]}; {selector} showed: {shown!r}") from e
+
+
+def edit_cell(page, selector: str, text: str, tries: int = 3) -> None:
+    """Double-click the table cell ``selector``, replace its text with ``text``, press Enter, and
+    see the cell show it. On a loaded page a re-render of the table can swallow the keys (the cell
+    keeps its old text, as a person would see): then edit again, up to ``tries`` times in all.
+    A cell's text is its first line (Gradio's cell menu button "⋮" follows it)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    cell = page.locator(selector)
+    shown = ""
+    for _ in range(tries):
+        cell.scroll_into_view_if_needed()
+        cell.dblclick()
+        page.keyboard.press("Control+A")
+        page.keyboard.type(text)
+        page.keyboard.press("Enter")
+        try:
+            page.wait_for_function(
+                "([sel, t]) => document.querySelector(sel)?.innerText.trim().split('\\n')[0].trim() === t",
+                arg=[selector, text],
+                timeout=5_000,
+            )
+            return
+        except PlaywrightTimeout:
+            shown = cell.inner_text()
+    raise AssertionError(f"cell {selector} shows {shown!r} after {tries} edits to {text!r}")

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tests.support.app_process import CHROMIUM_ARGS
-from tests.support.browser import CHROMIUM, SHOTS, drag_slider, showing
+from tests.support.browser import CHROMIUM, SHOTS, drag_slider, edit_cell, showing
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -159,22 +159,15 @@ def test_k_policies_switch_live_under_load(page):
     )
     # a bad table first: vLLM's rule, said plainly
     page.locator("#policy input[value=table]").check()
-    cell = page.locator('#k-table [data-testid="cell-0-0"]')
-    cell.scroll_into_view_if_needed()
-    cell.dblclick()
-    page.keyboard.press("Control+A")
-    page.keyboard.type("2")
-    page.keyboard.press("Enter")
+    cell = '#k-table [data-testid="cell-0-0"]'
+    edit_cell(page, cell, "2")
     # the live check answers the edit: the server has the edited cell before Apply is clicked
     with showing(page, "#table-check"):
         page.wait_for_selector("#table-check:has-text('first row must start at batch size 1')", timeout=30_000)
     page.locator("#apply-policy").click()
     with showing(page, "#policy-said"):
         page.wait_for_selector("#policy-said:has-text('first row must start at batch size 1')", timeout=30_000)
-    cell.dblclick()
-    page.keyboard.press("Control+A")
-    page.keyboard.type("1")
-    page.keyboard.press("Enter")
+    edit_cell(page, cell, "1")
     with showing(page, "#table-check"):
         page.wait_for_selector(
             "#table-check:has-text('Valid table [[1, 2, 3], [3, 4, 1], [5, 64, 0]]')", timeout=30_000
