@@ -67,7 +67,12 @@ class AutoTable:
 def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int) -> tuple[int, list[float]]:
     """K in 0..k_max maximising E(K) / step_s(b, K), and the rate for each K (tokens/s per request)."""
     rate = [expected_tokens(alphas, k) / cost.step_s(batch_size, k) for k in range(k_max + 1)]
-    return max(range(k_max + 1), key=lambda k: (rate[k], -k)), rate  # ties: the smaller K
+    return best_k_of(rate), rate
+
+
+def best_k_of(rate: Sequence[float]) -> int:
+    """The K with the largest ``rate[K]`` ([k_max + 1]); ties: the smaller K."""
+    return max(range(len(rate)), key=lambda k: (rate[k], -k))
 
 
 def rows_from_ks(k_by_batch: Sequence[int]) -> KTable:
@@ -85,7 +90,7 @@ def non_increasing_ks(rate: Sequence[Sequence[float]]) -> list[int]:
     """The K per batch size, never rising with it, that keeps the most of each batch size's best rate.
 
     ``rate[b-1][K]`` is tokens/s per request at batch size b with K drafts ([max_batch][k_max + 1]).
-    Where the per-batch-size optima (the largest rate, ties to the smaller K, as ``best_k``) never
+    Where the per-batch-size optima (``best_k_of`` each row: ties to the smaller K) never
     rise, they are the answer, exactly. Otherwise: the K_1 >= K_2 >= ... maximising the sum over b
     of rate[b-1][K_b] / max(rate[b-1]), sums equal to 12 decimals counted as ties, which go to the
     smaller K at the smallest batch size first. A row whose best rate is 0 or below scores 0 at
@@ -94,7 +99,7 @@ def non_increasing_ks(rate: Sequence[Sequence[float]]) -> list[int]:
     spreads over more requests (docs/k-policies.md, "The auto table never rises"). Every batch
     size up to max_batch weighs the same, so the engine's max_num_seqs can move K at the smaller
     ones."""
-    optima = [max(range(len(row)), key=lambda k: (row[k], -k)) for row in rate]
+    optima = [best_k_of(row) for row in rate]
     if all(a >= b for a, b in zip(optima, optima[1:])):
         return optima
     n_k = len(rate[0])

@@ -142,7 +142,10 @@ def test_the_preview_is_the_table_auto_applies_cut_to_the_charts_batch_sizes():
     live.remember_window()
     alphas = live.alphas()
     applied = derive_auto_table(live.controller.cost, alphas, 3, 256)
-    assert derive_auto_table(live.controller.cost, alphas, 3, MAX_PREVIEW_BATCH).rows != applied.up_to(64).rows
+    assert (
+        derive_auto_table(live.controller.cost, alphas, 3, MAX_PREVIEW_BATCH).rows
+        != applied.up_to(MAX_PREVIEW_BATCH).rows
+    )
     preview = live.view().auto_preview
     assert preview.rows == applied.up_to(MAX_PREVIEW_BATCH).rows == [(1, 64, 3)]
     assert preview.k_by_batch == applied.k_by_batch[:MAX_PREVIEW_BATCH]
