@@ -3,6 +3,10 @@
 python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3] [--k-table JSON]
               [--target SPEC] [--draft SPEC] [--attach URL] [--record FILE]
 python app.py --replay TRACE.jsonl [--replay-speed X]      # a recorded session, no engine
+
+Listening on anything but loopback (``--host 0.0.0.0``, a Space) with no presenter key, the app
+makes a key itself and prints it once in its own log: engine-wide settings are then locked for
+visitors out of the box (``presenter_key``).
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import secrets
 import signal
 import sys
 
@@ -116,7 +121,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--record",
         default=None,
         metavar="FILE",
-        help="record the session (engine steps, foreground requests, load, policy changes) to FILE",
+        help="record the session (engine steps, foreground requests, load, policy changes) to FILE; every page "
+        "says so while it records",
+    )
+    p.add_argument(
+        "--record-max-mb",
+        type=float,
+        default=200.0,
+        help="stop recording when the file reaches this size (MiB; default 200); the presenter's page says so",
     )
     p.add_argument(
         "--replay",
@@ -160,6 +172,23 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     return config
 
 
+def presenter_key(args: argparse.Namespace, public: bool) -> str | None:
+    """The key engine-wide settings are locked behind: the one given; else, on a public bind, one made
+    now and printed once to the app's own log (a Space shows its log to its owner only); else None."""
+    if args.presenter_key:
+        return args.presenter_key
+    if not public:
+        return None
+    key = secrets.token_urlsafe(12)
+    print(
+        "This explorer listens publicly and no presenter key was given: engine-wide settings (method, K, K "
+        f"policy, acceptance rule, re-measuring, the speculation-off engine) are locked behind the key {key} "
+        "(enter it on the page to unlock them; set --presenter-key or SPEC_EXPLORER_PRESENTER_KEY to choose one).",
+        flush=True,
+    )
+    return key
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
@@ -174,8 +203,10 @@ def main(argv: list[str] | None = None) -> None:
 
         try:
             service = ReplayService(args.replay, speed=args.replay_speed)
-        except (OSError, ValueError) as e:
-            sys.exit(f"error: cannot replay {args.replay}: {e}")
+        except OSError as e:
+            sys.exit(f"error: cannot replay {args.replay}: {e.strerror or e}")
+        except ValueError as e:  # names the file and the line
+            sys.exit(f"error: cannot replay: {e}")
         config = service.status().config or config
     else:
         service = EngineService(
@@ -189,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.record:  # follows the service; written on exit too (engine_adapter/trace/session_recorder.py)
         from engine_adapter.trace.session_recorder import SessionRecorder
 
-        recorder = SessionRecorder(service, args.record).start()
+        recorder = SessionRecorder(service, args.record, max_bytes=int(args.record_max_mb * 2**20)).start()
     # SIGTERM (a Space stopping, `kill`) exits through the same clean-up as Ctrl-C;
     # SIGINT is re-armed because a shell starts background jobs with it ignored.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -200,19 +231,23 @@ def main(argv: list[str] | None = None) -> None:
         # Gradio recomputes a pandas summary of its last 10,000 events after every event, for a monitoring
         # page this app does not use: 15 ms a time once an open page's timers have sent 10,000 events
         os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "1000")
-        from explorer.page import PageDefaults, build_page
+        from explorer.page import PageDefaults, build_page, launch_page
         from explorer.panels.presenter import Presenter
+        from explorer.panels.visitors import exposure_for
 
-        demo = build_page(service, presets, PageDefaults(config=config, presenter=Presenter(args.presenter_key)))
+        exposure = exposure_for(args.host)
+        defaults = PageDefaults(
+            config=config,
+            presenter=Presenter(presenter_key(args, exposure.public)),
+            exposure=exposure,
+            recording=recorder.status if recorder is not None else None,
+        )
+        demo = build_page(service, presets, defaults)
         # the libraries and the page are there for good: out of the garbage collector's full collections,
         # which otherwise walk them all (about 0.1 s idle, 0.5-0.9 s beside the engine on 2 cores) and
         # stall the page's event loop (the service freezes again once the engine is ready)
         gc.freeze()
-        # run_history=False: Gradio 6.31 otherwise keeps every visitor's runs, prompts and outputs, in the
-        # browser's localStorage (shown at /gradio_api/runs: on a shared workshop laptop, to the next
-        # person), and re-reads and re-writes that whole history at every streamed step: at background
-        # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
-        demo.queue(default_concurrency_limit=16).launch(server_name=args.host, server_port=args.port, run_history=False)
+        launch_page(demo, args.host, args.port)
     finally:
         if recorder is not None:
             recorder.close()

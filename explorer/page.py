@@ -3,7 +3,10 @@
 Contract: ``build_page(backend, presets, defaults)`` returns the ``gr.Blocks``
 page, laid out from the panels in ``explorer.panels``; ``PageDefaults`` holds
 the engine config the page starts from (what "Apply engine settings" changes),
-the presenter lock and the generation sliders' start values. One timer (API
+the presenter lock, how the page is reached (``Exposure``: public or not, behind a
+Space's proxy), the ``--record`` status and the generation sliders' start values.
+``launch_page(page, host, port)`` queues and launches it with the bounds a public
+page needs (``QUEUE_SIZE``, ``MAX_UPLOAD``, Gradio's file cache cleaned). One timer (API
 /charts, every ``CHART_REFRESH_S``) refreshes the load panel's live chart and readout
 and the K-policy panel together, sent by the page between two steps of its own request
 (``assets/chart_gate.js``). It reads only what
@@ -13,7 +16,7 @@ vLLM's wire format.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,8 +25,9 @@ import gradio as gr
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import data_path, sweeps_dir
 from engine_adapter.prompts import Preset
-from engine_adapter.service.backend import Backend
+from engine_adapter.service.backend import Backend, RecordingStatus
 from explorer.panels.acceptance import build_acceptance_panel
+from explorer.panels.context import PageContext
 from explorer.panels.engine import EnginePanel
 from explorer.panels.export import build_csv_export
 from explorer.panels.load import LoadPanel
@@ -32,25 +36,35 @@ from explorer.panels.presenter import Presenter
 from explorer.panels.replay import build_replay_panel
 from explorer.panels.run import RunPanel
 from explorer.panels.sweep import build_sweep_panel
+from explorer.panels.visitors import Exposure
 from explorer.views.live_charts import CHART_REFRESH_S
 
 TITLE = "Speculative decoding explorer"
 INTRO = f"# {TITLE}\nEvery token below is coloured by where it came from, as the live vLLM engine ran it."
 
 
+QUEUE_SIZE = 64  # events waiting in Gradio's queue, all visitors together; more are told the app is busy
+MAX_UPLOAD = "1mb"  # the largest file a visitor may upload (a sweep CSV; the shipped ones are 1-6 KB)
+# Gradio's copies of files sent and received (uploads, CSV exports): every hour, those over an hour old go
+FILE_CACHE_CLEANUP = (3600, 3600)
+
+
 @dataclass(frozen=True)
 class PageDefaults:
     config: EngineConfig
     presenter: Presenter = field(default_factory=Presenter)
+    exposure: Exposure = field(default_factory=Exposure)
+    recording: Callable[[], RecordingStatus | None] | None = None
     max_tokens: int = 128
     temperature: float = 0.0
 
 
 def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaults) -> gr.Blocks:
-    engine = EnginePanel(backend, defaults.config, defaults.presenter)
-    run = RunPanel(backend, presets, defaults.max_tokens, defaults.temperature)
-    load = LoadPanel(backend)
-    with gr.Blocks(title=TITLE) as page:
+    ctx = PageContext(backend, defaults.presenter, defaults.exposure, defaults.recording)
+    engine = EnginePanel(ctx, defaults.config)
+    run = RunPanel(ctx, presets, defaults.max_tokens, defaults.temperature)
+    load = LoadPanel(ctx)
+    with gr.Blocks(title=TITLE, delete_cache=FILE_CACHE_CLEANUP) as page:
         gr.Markdown(INTRO)
         engine.build_status()
         with gr.Row():
@@ -58,7 +72,7 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
                 prompt = run.build_prompt()
                 build_replay_panel(backend, prompt)  # replay only: what Run does, the recorded requests
                 run.build_generation()
-                unlocked = engine.build_settings()
+                engine.build_settings()
                 load.build_controls()
             with gr.Column(scale=3, min_width=420):
                 run.build_outputs()
@@ -67,14 +81,27 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
         with gr.Accordion("Why does this happen?", open=False):
             gr.Markdown(data_path("assets", "explain.md").read_text())
         k_max = defaults.config.k_max or defaults.config.k
-        policy = build_policy_panel(page, backend, k_max, unlocked, defaults.presenter)
-        build_acceptance_panel(backend, unlocked, defaults.presenter)
+        policy = build_policy_panel(page, ctx, k_max)
+        build_acceptance_panel(ctx)
         build_sweep_panel(sweeps_dir())
         run.wire()
         engine.wire()
         load.wire(page)
         wire_chart_timer(load, policy, run)
     return page
+
+
+def launch_page(page: gr.Blocks, host: str, port: int) -> None:
+    """Queue and serve the page until the server stops (blocks)."""
+    # api_open=False: a queued event answers only through the queue (Gradio's /run route would run it
+    # outside the queue, unbounded); the page's own plain requests (queue=False) stay as they are.
+    # run_history=False: Gradio 6.31 otherwise keeps every visitor's runs, prompts and outputs, in the
+    # browser's localStorage (shown at /gradio_api/runs: on a shared workshop laptop, to the next
+    # person), and re-reads and re-writes that whole history at every streamed step: at background
+    # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
+    page.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4, api_open=False).launch(
+        server_name=host, server_port=port, run_history=False, max_file_size=MAX_UPLOAD
+    )
 
 
 def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, run: RunPanel) -> None:

@@ -7,6 +7,8 @@ Contract:
         # item is a Step (as the engine executes it) ... then one RequestResult
     await client.close()
 
+``api_key``: the server's (``EngineProcess.api_key``), sent with every request.
+
 With the tap, each Step carries the exact draft ids verified, how many were
 accepted, the ids emitted, the K in force and the batch size, as the engine
 ran them. Without it (a server we did not start), steps are rebuilt from the
@@ -70,6 +72,7 @@ class EngineClient:
         model: str | None = None,
         use_chat_template: bool = True,
         k_hint: int = 0,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.tokenizer = tokenizer
@@ -86,7 +89,9 @@ class EngineClient:
                 self._control.setsockopt(zmq.SNDTIMEO, 2000)
                 self._control.bind(control_addr)
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(10.0, read=600.0), limits=httpx.Limits(max_connections=256)
+            timeout=httpx.Timeout(10.0, read=600.0),
+            limits=httpx.Limits(max_connections=256),
+            headers={"Authorization": f"Bearer {api_key}"} if api_key else None,  # vLLM checks it on /v1/*
         )
         # request id -> (its HTTP state, its wake queue): what fail_all ends
         self._inflight: dict[str, tuple[HttpState, asyncio.Queue]] = {}

@@ -9,6 +9,13 @@ Contract:
   model path, port taken, out of memory, ...) and leaves no process behind.
   Memory and disk are checked first (``engine_adapter.engine.resources``): a machine
   too small for the models is told so before anything is started.
+- The server takes requests only with ``api_key`` (a fresh random key per launch, handed to
+  vLLM in its environment, ``VLLM_API_KEY``, never on its command line, which any local user
+  can read; vLLM checks it on ``/v1/*``) and allows no cross-origin access
+  (``--allowed-origins []``): another local process or a web page cannot use the engine
+  around the app's limits.
+- ``reserve_bytes``: host memory the resource check leaves free for others (the twin's check
+  keeps the main engine's KV cache, mapped but not yet committed, out of what is free).
 - ``stop()`` ends the whole process group (API server, engine core, worker).
   If the app dies, the supervisor sees its stdin pipe close and does the same.
 - The platform (``engine.platform``: vLLM's CPU build, or its CUDA build on a GPU) is
@@ -25,6 +32,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -72,11 +80,21 @@ CPU_ONLY_ENV_PREFIX = "VLLM_CPU_"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # vLLM 0.32's envs.py; "0" pins Model Runner V1
 
 
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's envs.py: the key its server checks on /v1/* (no --api-key given)
+
+
 def engine_env(
-    config: EngineConfig, tap_addr: str | None, control_addr: str | None, platform: Platform
+    config: EngineConfig,
+    tap_addr: str | None,
+    control_addr: str | None,
+    platform: Platform,
+    api_key: str | None = None,
 ) -> dict[str, str]:
     """The engine's environment: this process's, with what ``platform`` needs (module docstring)."""
     env = dict(os.environ)
+    env.pop(API_KEY_ENV, None)
+    if api_key:
+        env[API_KEY_ENV] = api_key
     if platform.is_gpu:
         for name in [n for n in env if n.startswith(CPU_ONLY_ENV_PREFIX)]:
             del env[name]  # the KV cache and the cores are the CPU build's: meaningless on a GPU
@@ -143,6 +161,7 @@ class EngineProcess:
         log_path: Path | None = None,
         resolve: Callable[[str], Path] | None = None,
         platform: Platform | None = None,
+        reserve_bytes: int = 0,
     ) -> None:
         config.validate()
         self.config = config
@@ -155,6 +174,8 @@ class EngineProcess:
         live = config.tap and config.k_max is not None and config.method != "off"
         self.control_addr = f"ipc://{self._workdir}/control.sock" if live else None
         self._resolve = resolve
+        self.reserve_bytes = reserve_bytes
+        self.api_key = secrets.token_urlsafe(24)  # the server's, for this launch only
         self._proc: subprocess.Popen | None = None
         self._keep_log = log_path is not None
         self._log = None
@@ -233,9 +254,11 @@ class EngineProcess:
         report = progress or (lambda p: None)
         try:
             # before a packaged model is converted onto a full disk, then with the sizes on disk
-            check_resources(self.config, platform=self._platform)
+            check_resources(self.config, platform=self._platform, reserved=self.reserve_bytes)
             self._resolve_models(report)
-            check_resources(self.config, self.target_dir, self.draft_dir, platform=self._platform)
+            check_resources(
+                self.config, self.target_dir, self.draft_dir, platform=self._platform, reserved=self.reserve_bytes
+            )
         except NotEnoughResources as e:
             self._cleanup_dir()
             raise EngineStartError(str(e)) from e
@@ -272,7 +295,7 @@ class EngineProcess:
             stdin=subprocess.PIPE,  # the supervisor's lifeline: closes when we die
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            env=engine_env(self.config, self.tap_addr, self.control_addr, self._platform),
+            env=engine_env(self.config, self.tap_addr, self.control_addr, self._platform, self.api_key),
             start_new_session=True,
             cwd=str(self._workdir),
         )

@@ -13,6 +13,7 @@ UI's) keeps running and can show progress.
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 
 from engine_adapter.engine.client import EngineClient
-from engine_adapter.engine.launcher import EngineProcess, EngineStartError, ProgressFn
+from engine_adapter.engine.launcher import API_KEY_ENV, EngineProcess, EngineStartError, ProgressFn
 from engine_adapter.engine.token_text import load_tokenizer
 from engine_adapter.engine_config import EngineConfig
 
@@ -45,8 +46,9 @@ class LiveEngine:
         progress: ProgressFn | None = None,
         port: int | None = None,
         resolve: Any = None,
+        reserve_bytes: int = 0,
     ) -> LiveEngine:
-        proc = EngineProcess(config, port=port, resolve=resolve)
+        proc = EngineProcess(config, port=port, resolve=resolve, reserve_bytes=reserve_bytes)
         tokenizer_load = None
         try:
             await asyncio.to_thread(proc.prepare, progress)
@@ -60,6 +62,7 @@ class LiveEngine:
                 tap_addr=proc.tap_addr,
                 control_addr=proc.control_addr,
                 k_hint=config.k,
+                api_key=proc.api_key,
             )
             await client.start()
         except BaseException as e:
@@ -75,8 +78,11 @@ class LiveEngine:
 
     @classmethod
     async def attach(cls, url: str, *, tokenizer_dir: str | Path | None = None, k_hint: int = 0) -> LiveEngine:
+        """A server started elsewhere; its API key, if it has one, from ``VLLM_API_KEY``."""
         url = url.rstrip("/")
-        async with httpx.AsyncClient(timeout=10.0) as http:
+        api_key = os.environ.get(API_KEY_ENV) or None
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        async with httpx.AsyncClient(timeout=10.0, headers=headers) as http:
             try:
                 r = await http.get(f"{url}/v1/models")
                 r.raise_for_status()
@@ -89,7 +95,7 @@ class LiveEngine:
 
             source = await asyncio.to_thread(resolve_model, str(source))
         tokenizer = await asyncio.to_thread(load_tokenizer, source)
-        client = EngineClient(url, tokenizer, tap_addr=None, model=model["id"], k_hint=k_hint)
+        client = EngineClient(url, tokenizer, tap_addr=None, model=model["id"], k_hint=k_hint, api_key=api_key)
         await client.start()
         return cls(client=client, config=None, process=None, url=url, vllm_version=await _server_version(url))
 

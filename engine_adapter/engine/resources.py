@@ -223,9 +223,11 @@ def check_resources(
     available: int | None = None,
     free: int | None = None,
     platform: Platform | None = None,
+    reserved: int = 0,
 ) -> Need:
     """Raise NotEnoughResources when disk, host memory or (CUDA) GPU memory clearly cannot hold this
-    engine. ``available`` (host bytes) and ``free`` (disk bytes) replace what the machine reports."""
+    engine. ``available`` (host bytes) and ``free`` (disk bytes) replace what the machine reports;
+    ``reserved`` (host bytes) is kept free for others: what a running engine will still commit."""
     platform = platform if platform is not None else detect_platform()
     need = estimate(config, target_dir, draft_dir, cache_dir, platform)
     if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"}:
@@ -241,8 +243,11 @@ def check_resources(
     if platform.is_gpu:
         _check_gpu(need, platform, config)
     have = available if available is not None else mem_available()
-    if have is not None and have < need.memory_bytes:
-        raise NotEnoughResources(_host_message(need, have))
+    if have is not None and have - reserved < need.memory_bytes:
+        message = _host_message(need, have - reserved)
+        if reserved:
+            message += f" (of the {gib(have)} free now, {gib(reserved)} is kept for the running engine's KV cache)"
+        raise NotEnoughResources(message)
     return need
 
 

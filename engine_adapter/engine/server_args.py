@@ -180,6 +180,9 @@ def server_args(
         "1",
         "--seed",
         "0",
+        # no cross-origin access: a web page a visitor opens cannot call the engine (vLLM allows every origin)
+        "--allowed-origins",
+        "[]",
     ]
     args += _platform_args(config, platform)
     spec = speculative_config(config, draft_dir)

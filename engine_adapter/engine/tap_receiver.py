@@ -9,6 +9,9 @@ loop, delivers:
   (background load), so that their consumers wake first;
 - to every ``watch()`` queue one ``EngineStep`` summary per engine step.
 
+A message that does not decode (or whose routing fails) is logged, counted in
+``bad_messages`` and skipped: the receiver goes on with the next one.
+
 Request ids: the OpenAI server turns our ``request_id`` X into the engine id
 ``cmpl-X-0-<8 hex>``; ``our_request_id`` undoes that deliberately.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import zmq
 import zmq.asyncio
@@ -24,6 +28,8 @@ import zmq.asyncio
 from engine_adapter.acceptance import position_counts
 from engine_adapter.records import EngineStep, SlotBid, is_profile_request, our_request_id
 from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep, decode_step
+
+log = logging.getLogger(__name__)
 
 
 def summarize(step: TapStep) -> EngineStep:
@@ -92,6 +98,7 @@ class TapReceiver:
         self._watch_maxsize = watch_maxsize
         self._task: asyncio.Task | None = None
         self.steps_seen = 0
+        self.bad_messages = 0  # messages skipped because they did not decode or route
         self.last_step: EngineStep | None = None
 
     def socket(self, kind: int) -> zmq.asyncio.Socket:
@@ -136,15 +143,24 @@ class TapReceiver:
 
     async def _run(self) -> None:
         while True:
-            step = decode_step(await self._sock.recv())
-            self.steps_seen += 1
-            self.route(step)
-            summary = summarize(step)
-            self.last_step = summary
-            for w in self._watchers:
-                if w.full():  # a slow watcher loses its oldest steps, not the engine
-                    w.get_nowait()
-                w.put_nowait(summary)
+            payload = await self._sock.recv()
+            try:
+                self.handle(payload)
+            except Exception as e:  # one bad message must not end the receiver (every later request would fail)
+                self.bad_messages += 1
+                log.warning("tap message %d skipped (%d bytes): %r", self.bad_messages, len(payload), e)
+
+    def handle(self, payload: bytes) -> None:
+        """Decode one tap message and deliver it (raises on a message that does not decode)."""
+        step = decode_step(payload)
+        summary = summarize(step)
+        self.steps_seen += 1
+        self.route(step)
+        self.last_step = summary
+        for w in self._watchers:
+            if w.full():  # a slow watcher loses its oldest steps, not the engine
+                w.get_nowait()
+            w.put_nowait(summary)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -24,6 +24,7 @@ from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import POLICY_KINDS, PolicyKind, PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
+from engine_adapter.service.restart_gate import RestartTicket
 
 if TYPE_CHECKING:  # types only: the explorer never imports the engine or the policy layer
     from engine_adapter.engine.launcher import StartProgress
@@ -41,9 +42,13 @@ __all__ = [
     "Capabilities",
     "PolicyKind",
     "PolicySpec",
+    "RecordingStatus",
     "ReplayInfo",
+    "RestartTicket",
     "ServiceStatus",
     "State",
+    "TwinStatus",
+    "Visitor",
 ]
 
 # "restarting": the engine died or hung; the watchdog restarts it after a back-off (status.error says why)
@@ -65,6 +70,16 @@ REPLAY = Capabilities("replay", engine_control=False, lossless_check=False, back
 
 
 @dataclass(frozen=True)
+class Visitor:
+    """Who asks: a browser session, the visitor it belongs to (the client's address, or the one a
+    Space's proxy forwarded), and whether it holds the presenter's key (or no key is set)."""
+
+    session: str
+    address: str
+    presenter: bool = False
+
+
+@dataclass(frozen=True)
 class BackgroundShare:
     """One session's part of the shared background load."""
 
@@ -73,6 +88,28 @@ class BackgroundShare:
     total: int  # granted to all sessions (= requests the load keeps in flight)
     sessions: int  # sessions asking for load
     cap: int
+    visitors: int = 1  # visitors (addresses) asking for load
+    visitor_cap: int | None = None  # the most one visitor's sessions get together (None: a presenter's)
+    ended: str | None = None  # why this session's load stopped by itself (it asks again to restart it)
+
+
+@dataclass(frozen=True)
+class TwinStatus:
+    """The speculation-off engine of the lossless check."""
+
+    state: Literal["off", "starting", "ready", "failed"]
+    note: str | None  # the last thing that happened to it, in words
+    may_start: bool  # whether the asking session may start it now
+
+
+@dataclass(frozen=True)
+class RecordingStatus:
+    """``--record``: whether every visitor's session is being written to a file, and its trouble."""
+
+    active: bool
+    error: str | None  # why recording stopped (a write failed, the size cap was reached); the presenter's
+    bytes_written: int
+    max_bytes: int
 
 
 @dataclass(frozen=True)
@@ -88,6 +125,7 @@ class ServiceStatus:
     vllm_version: str | None = None  # the running engine's, once ready
     # the acceptance rule in force, engine-wide (every (re)start begins with vLLM's lossless rule)
     acceptance: AcceptanceRule = LOSSLESS
+    restart_due_in_s: float | None = None  # a restart someone asked for starts in this many seconds
 
 
 @dataclass(frozen=True)
@@ -121,6 +159,7 @@ class Backend(Protocol):
     # --- lifecycle
     def status(self) -> ServiceStatus: ...
     def start(self, config: EngineConfig) -> Future: ...
+    async def request_restart(self, config: EngineConfig) -> RestartTicket: ...
     def attach(self, url: str, tokenizer_dir: str | None = None, k_hint: int = 0) -> Future: ...
     async def restart(self, config: EngineConfig) -> None: ...
     def close(self) -> None: ...
@@ -134,7 +173,9 @@ class Backend(Protocol):
         temperature: float,
         reference: bool = False,
         request_id: str | None = None,
+        may_start_reference: bool = True,
     ) -> AsyncIterator[Step | RequestResult]: ...
+    def twin_status(self, may_start: bool) -> TwinStatus: ...
 
     # --- history (server-wide, for the live charts)
     def steps_since(self, t: float) -> list[EngineStep]: ...
@@ -145,7 +186,7 @@ class Backend(Protocol):
     def policy_changes(self) -> Sequence[tuple[float, dict]]: ...
 
     # --- background load, shared fairly between browser sessions
-    async def set_background(self, n: int, session: str = "default") -> int: ...
+    async def set_background(self, n: int, visitor: Visitor) -> int: ...
     def release_background(self, session: str) -> None: ...
     def touch_session(self, session: str) -> None: ...
     def background_share(self, session: str) -> BackgroundShare: ...

@@ -6,10 +6,18 @@ history of engine steps live. Its public methods are safe to call from any
 thread or event loop (the UI's):
 
 - ``start(config)`` / ``restart(config)``: (re)launch, non-blocking; progress
-  and errors show in ``status()``;
+  and errors show in ``status()``; ``request_restart(config)``: a restart a
+  person asked for, coalesced (``service.restart_gate``: never a queue of
+  restarts, a minimum interval between them);
 - ``stream(prompt, ...)``: async iterator of ``Step`` then ``RequestResult``
   for the caller's loop;
-- ``set_background(n)``: closed-loop background requests (0..max);
+- ``set_background(n, visitor)``: closed-loop background requests, shared
+  fairly between sessions and visitors, for as long as the engine runs
+  (``service.background``);
+- ``profile_cost()``: measure the cost model again, at most every
+  ``MIN_REMEASURE_INTERVAL_S``;
+- ``stream(..., reference=True)``: the same on the speculation-off twin
+  (``service.twin``: watched, relaunched, stopped when idle);
 - ``steps_since(t)``: server-wide ``EngineStep`` history (tap), and
   ``prom_history()``: ``/metrics`` snapshots once a second (works attached too).
 
@@ -19,7 +27,6 @@ Nothing here knows the UI; the explorer reads only records from here.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import gc
 import threading
@@ -29,21 +36,37 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-import httpx
-
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.launcher import StartProgress
 from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine.prometheus import PromSnapshot, fetch_snapshot
+from engine_adapter.engine.prometheus import PromSnapshot
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicySpec, PolicyState
 from engine_adapter.policy.live_state import LivePolicy, PolicyView
 from engine_adapter.policy.profiler import ProfileProgress
 from engine_adapter.records import EngineStep, RequestResult, Step
-from engine_adapter.service.backend import LIVE, BackgroundShare, ReplayInfo, ServiceStatus, State
-from engine_adapter.service.fair_share import MAX_BACKGROUND, SESSION_IDLE_S, SessionLoads
-from engine_adapter.service.load import BackgroundLoad, LoadStats
+from engine_adapter.service.backend import (
+    LIVE,
+    BackgroundShare,
+    ReplayInfo,
+    RestartTicket,
+    ServiceStatus,
+    State,
+    TwinStatus,
+    Visitor,
+)
+from engine_adapter.service.background import SharedBackground
+from engine_adapter.service.fair_share import MAX_BACKGROUND, MAX_BACKGROUND_PER_VISITOR, SESSION_IDLE_S
+from engine_adapter.service.history import EngineHistory
+from engine_adapter.service.load import LoadStats
+from engine_adapter.service.relay import relay
+from engine_adapter.service.restart_gate import RestartGate
+from engine_adapter.service.twin import SpeculationOffTwin
 from engine_adapter.service.watchdog import EngineGuard
+
+GIB = 1 << 30
+MIN_REMEASURE_INTERVAL_S = 120.0  # seconds from one measurement's end (or an engine's ready) to the next
+JANITOR_S = 5.0  # seconds between rounds of the load's janitor
 
 
 class EngineService:
@@ -60,6 +83,7 @@ class EngineService:
         history_s: float = 600.0,
         policy_options: dict | None = None,
         session_idle_s: float = SESSION_IDLE_S,
+        visitor_cap: int = MAX_BACKGROUND_PER_VISITOR,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)
@@ -69,26 +93,28 @@ class EngineService:
         self.guard = EngineGuard(self)  # dead or hung engine -> clear status, restart with back-off
         self._launch: tuple = (None, None)  # (config, attach) of the last (re)start, for the guard
         self._lock = asyncio.Lock()  # created lazily in our loop (see _locked)
-        self._bg: BackgroundLoad | None = None
         self._bg_prompts = list(background_prompts)
         self.max_background = max_background
-        self.background_max_tokens = background_max_tokens
-        # each browser session's ask; the cap is shared fairly (service/fair_share.py)
-        self._sessions = SessionLoads(cap=max_background, idle_s=session_idle_s)
-        self._history_s = history_s
-        self._steps: collections.deque[EngineStep] = collections.deque()
-        self._prom: collections.deque[PromSnapshot] = collections.deque()
+        # each browser session's ask; the cap is shared fairly between visitors (service/background.py)
+        self.background = SharedBackground(
+            self._bg_prompts,
+            cap=max_background,
+            visitor_cap=visitor_cap,
+            idle_s=session_idle_s,
+            max_tokens=background_max_tokens,
+        )
+        self._restarts: RestartGate[EngineConfig] = RestartGate(lambda cfg: self._restart(cfg, None))
+        self._measured_at = float("-inf")  # the last measurement's end (or an engine's ready)
+        self.history = EngineHistory(history_s)
         self._tasks: list[asyncio.Task] = []
-        # (monotonic time, new concurrency) at every background-load change
-        self._load_changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=200)
         # called with each finished foreground request (the session recorder); must not block
         self.on_result: list[Callable[[RequestResult], None]] = []
         # a speculation-off engine on the same target, started on first use
-        self._reference: LiveEngine | None = None
-        self._reference_lock = asyncio.Lock()
+        self.twin = SpeculationOffTwin()
         self._foreground = 0  # visitors' requests in flight (counted on the service loop)
         self._prom_task: asyncio.Task | None = None
         self._janitor_task: asyncio.Task | None = None
+        self._twin_task: asyncio.Task | None = None
         # live K policies and the measured cost model (engines started with k_max)
         self.live_policy = LivePolicy(self.steps_since, self._bg_prompts, **(policy_options or {}))
         self._submit(self._start_prom())
@@ -102,7 +128,7 @@ class EngineService:
         return await asyncio.wrap_future(self._submit(coro))
 
     def status(self) -> ServiceStatus:
-        return self._status
+        return replace(self._status, restart_due_in_s=self._restarts.due_in_s())
 
     def _set(self, **kw: Any) -> None:
         self._status = replace(self._status, **kw)
@@ -132,6 +158,16 @@ class EngineService:
     async def restart(self, config: EngineConfig) -> None:
         await self._call(self._restart(config, None))
 
+    async def request_restart(self, config: EngineConfig) -> RestartTicket:
+        """A restart a person asked for: coalesced with any other pending one, run after a short
+        settle time and at least ``MIN_RESTART_INTERVAL_S`` after the last (``service.restart_gate``)."""
+        config.validate()
+
+        async def ask() -> RestartTicket:
+            return self._restarts.request(config)
+
+        return await self._call(ask())
+
     async def _restart(
         self, config: EngineConfig | None, attach: tuple | None, expect_generation: int | None = None
     ) -> None:
@@ -153,7 +189,7 @@ class EngineService:
                 acceptance=LOSSLESS,
             )
             # the speculation-off twin survives a change of method or K
-            await self._teardown(reference=config is None or old is None or config.target != old.target)
+            await self._teardown(twin=config is None or old is None or config.target != old.target)
             try:
                 if attach is not None:
                     url, tok, k = attach
@@ -165,9 +201,9 @@ class EngineService:
                 self._set(state="failed", error=str(e))
                 return
             self._engine = engine
-            self._steps.clear()
+            self.history.clear()
             if engine.client.tap is not None:
-                self._tasks.append(asyncio.create_task(self._collect_steps(engine)))
+                self._tasks.append(asyncio.create_task(self.history.collect(engine)))
             self._tasks.append(self.guard.watch(engine, gen))
             # with no cached cost model this measures it first: visitors' requests wait for "ready"
             try:
@@ -182,6 +218,7 @@ class EngineService:
             # a full collection of the app's heap stalled every event loop of the process 0.5-0.9 s on
             # 2 cores, and the token view with it (docs/benchmarks.md, UI latency, 2026-12-03)
             gc.freeze()
+            self._measured_at = time.monotonic()
             self._set(
                 state="ready",
                 url=engine.url,
@@ -190,13 +227,10 @@ class EngineService:
             )
             await self._apply_bg()  # the sessions' load survives a restart
 
-    async def _teardown(self, reference: bool = True) -> None:
-        if self._bg is not None:
-            await self._bg.stop()
-            self._bg = None
-        if reference and self._reference is not None:
-            ref, self._reference = self._reference, None
-            await ref.close()
+    async def _teardown(self, twin: bool = True) -> None:
+        await self.background.stop()
+        if twin:
+            await self.twin.close()
         await self.live_policy.engine_gone()
         for t in self._tasks:
             t.cancel()
@@ -209,11 +243,13 @@ class EngineService:
             gc.unfreeze()
 
     async def _start_prom(self) -> None:
-        self._prom_task = asyncio.create_task(self._poll_prom())
+        self._prom_task = asyncio.create_task(self.history.poll_metrics(lambda: self._engine))
         self._janitor_task = asyncio.create_task(self._janitor())
+        self._twin_task = asyncio.create_task(self.twin.watch())
 
     async def _shutdown(self) -> None:
-        for task in (self._prom_task, self._janitor_task):
+        await self._restarts.close()
+        for task in (self._prom_task, self._janitor_task, self._twin_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -233,33 +269,11 @@ class EngineService:
         self._set(state="stopped")
 
     # --- history ------------------------------------------------------------
-    async def _collect_steps(self, engine: LiveEngine) -> None:
-        q = engine.client.tap.watch()
-        while True:
-            step = await q.get()
-            self._steps.append(step)
-            cutoff = step.t - self._history_s
-            while self._steps and self._steps[0].t < cutoff:
-                self._steps.popleft()
-
-    async def _poll_prom(self) -> None:
-        async with httpx.AsyncClient(timeout=2.0) as http:
-            while True:
-                await asyncio.sleep(1.0)
-                engine = self._engine
-                if engine is None:
-                    continue
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    snap = await fetch_snapshot(http, engine.url)
-                    self._prom.append(snap)
-                    while len(self._prom) > self._history_s:
-                        self._prom.popleft()
-
     def steps_since(self, t: float) -> list[EngineStep]:
-        return [s for s in list(self._steps) if s.t > t]
+        return self.history.steps_since(t)
 
     def prom_history(self) -> list[PromSnapshot]:
-        return list(self._prom)
+        return self.history.prom_history()
 
     # --- K policies ---------------------------------------------------------
     @property
@@ -270,7 +284,7 @@ class EngineService:
 
     @property
     def load_changes(self) -> list[tuple[float, int]]:
-        return list(self._load_changes)
+        return self.background.changes
 
     async def set_policy(self, spec: PolicySpec) -> PolicyState | None:
         """Apply a K policy to the running engine, live (None: queued behind profiling)."""
@@ -289,18 +303,23 @@ class EngineService:
         self.live_policy.check_can_measure()
         if self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
+        since = time.monotonic() - self._measured_at
+        if since < MIN_REMEASURE_INTERVAL_S:
+            raise RuntimeError(
+                f"the cost model was measured {since:.0f} s ago; measuring again is possible in "
+                f"{MIN_REMEASURE_INTERVAL_S - since:.0f} s (each measurement keeps every visitor waiting)"
+            )
         self._set(state="starting", progress=StartProgress("measure", 0.0, "measuring this machine: starting"))
         self._tasks.append(asyncio.create_task(self._remeasure()))
 
     async def _remeasure(self) -> None:
         async with self._lock:  # no restart meanwhile
-            if self._bg is not None:  # the load resumes afterwards: the sessions' asks are kept
-                await self._bg.stop()
-                self._bg = None
+            await self.background.stop()  # the load resumes afterwards: the sessions' asks are kept
             await self._foreground_done()
             try:
                 await self.live_policy.measure(self._measure_progress)
             finally:
+                self._measured_at = time.monotonic()
                 if self._status.state == "starting":
                     self._set(state="ready", progress=StartProgress("ready", 1.0, "engine ready"))
             await self._apply_bg()
@@ -340,14 +359,15 @@ class EngineService:
         return rule
 
     # --- requests -----------------------------------------------------------
-    async def _get_reference(self) -> LiveEngine:
-        async with self._reference_lock:
-            if self._reference is None:
-                cfg = self._status.config
-                if cfg is None:
-                    raise RuntimeError("an attached server has no speculation-off twin to compare with")
-                self._reference = await LiveEngine.launch(replace(cfg, method="off", k_table=None))
-            return self._reference
+    async def _get_reference(self, may_start: bool) -> LiveEngine:
+        cfg = self._status.config
+        if cfg is None:
+            raise RuntimeError("an attached server has no speculation-off twin to compare with")
+        # the main engine's KV cache is mapped at its start and committed as it fills: keep it free
+        return await self.twin.get(cfg, may_start=may_start, reserve_bytes=int(cfg.kv_cache_gib * GIB))
+
+    def twin_status(self, may_start: bool) -> TwinStatus:
+        return TwinStatus(self.twin.state, self.twin.note, may_start)
 
     async def stream(
         self,
@@ -357,93 +377,63 @@ class EngineService:
         temperature: float,
         reference: bool = False,
         request_id: str | None = None,
+        may_start_reference: bool = True,
     ) -> AsyncIterator[Step | RequestResult]:
         """Foreground request; items cross from the service loop to the caller's.
 
         ``reference=True`` runs it on a speculation-off engine with the same
-        target (started on first use, ~30 s), for the lossless check.
+        target (started on first use if ``may_start_reference``, ~30 s), for the lossless check.
         """
         engine = self._engine
         if engine is None or self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
         if reference:
-            engine = await self._call(self._get_reference())
-        caller = asyncio.get_running_loop()
-        out: asyncio.Queue = asyncio.Queue()
-        done = object()
+            engine = await self._call(self._get_reference(may_start_reference))
 
-        async def produce() -> None:
-            self._foreground += 1
+        async def counted() -> AsyncIterator[Step | RequestResult]:
+            self._foreground += 1  # on the service loop: the measurement waits for these
             try:
-                # aclosing: Stop (a cancel) closes the stream at once and vLLM aborts the request
                 async with contextlib.aclosing(
                     engine.client.generate(
                         prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id, first=True
                     )
                 ) as items:
                     async for item in items:
-                        caller.call_soon_threadsafe(out.put_nowait, item)
-            except Exception as e:
-                caller.call_soon_threadsafe(out.put_nowait, e)
+                        yield item
             finally:
                 self._foreground -= 1
-                caller.call_soon_threadsafe(out.put_nowait, done)
 
-        fut = self._submit(produce())
-        try:
-            while True:
-                item = await out.get()
-                if item is done:
-                    return
-                if isinstance(item, Exception):
-                    raise item
+        # closing this (Stop, a closed page) closes the stream at once and vLLM aborts the request
+        async with contextlib.aclosing(relay(self._loop, counted())) as items:
+            async for item in items:
                 if isinstance(item, RequestResult) and not reference:
                     for callback in self.on_result:
                         callback(item)
                 yield item
-        finally:
-            fut.cancel()  # Stop button or closed page: abort the request in vLLM
 
     # --- background load ----------------------------------------------------
-    def _ensure_bg(self) -> BackgroundLoad:
-        if self._bg is None:
-            self._bg = BackgroundLoad(
-                self._engine.client,
-                self._bg_prompts,
-                max_tokens=self.background_max_tokens,
-                max_concurrency=self.max_background,
-            )
-        return self._bg
+    def _serving_client(self):
+        """The engine's client while it serves visitors, else None (the load waits)."""
+        if self._engine is None or self._status.state != "ready":
+            return None
+        return self._engine.client
 
     async def _apply_bg(self) -> int:
-        """Run the sessions' granted total as real requests; mark the change on the charts."""
-        total = self._sessions.total()
-        if self._engine is None or not self._bg_prompts or self._status.state != "ready":
-            return total  # asked for now, run once the engine is ready
-        bg = self._ensure_bg()
-        before = bg.target
-        n = bg.set_concurrency(total)
-        if n != before:
-            now = time.monotonic()
-            # one marker per gesture: a drag sends many values within a second or two
-            if self._load_changes and now - self._load_changes[-1][0] < 2.0:
-                self._load_changes[-1] = (self._load_changes[-1][0], n)
-            else:
-                self._load_changes.append((now, n))
-        return n
+        """Run the sessions' granted total as real requests (marked on the charts)."""
+        return await self.background.apply(self._serving_client())
 
-    async def _set_bg(self, n: int, session: str) -> int:
-        self._sessions.set(session, n, time.monotonic())
+    async def _set_bg(self, n: int, visitor: Visitor) -> int:
+        self.background.ask(visitor, n)
         await self._apply_bg()
-        return self._sessions.granted().get(session, 0)
+        return self.background.share(visitor.session).granted
 
-    async def set_background(self, n: int, session: str = "default") -> int:
+    async def set_background(self, n: int, visitor: Visitor) -> int:
         """This session asks for ``n`` background requests; returns how many it was granted
-        (the global cap ``max_background`` is shared fairly between sessions)."""
-        return await self._call(self._set_bg(n, session))
+        (the cap ``max_background`` is shared fairly between visitors and their sessions)."""
+        return await self._call(self._set_bg(n, visitor))
 
     async def _release(self, session: str) -> None:
-        if self._sessions.release(session):
+        if self.background.release(session):
             await self._apply_bg()
 
     def release_background(self, session: str) -> None:
@@ -452,23 +442,16 @@ class EngineService:
 
     def touch_session(self, session: str) -> None:
         """The session is still there (its page polls); idle sessions lose their load."""
-        self._loop.call_soon_threadsafe(self._sessions.touch, session, time.monotonic())
+        self.background.touch(session)
 
     def background_share(self, session: str) -> BackgroundShare:
-        granted = self._sessions.granted()
-        return BackgroundShare(
-            self._sessions.asks.get(session, 0),
-            granted.get(session, 0),
-            sum(granted.values()),
-            len(self._sessions.asks),
-            self._sessions.cap,
-        )
+        return self.background.share(session)
 
     async def _janitor(self) -> None:
         while True:
-            await asyncio.sleep(5.0)
-            if self._sessions.expire(time.monotonic()):
-                await self._apply_bg()
+            await asyncio.sleep(JANITOR_S)
+            with contextlib.suppress(Exception):  # a bad round must not end the load's upkeep
+                await self.background.janitor_round(self._serving_client())
 
     # --- replay (none: this is a live engine) ---------------------------------
     @property
@@ -482,7 +465,7 @@ class EngineService:
         return []
 
     def background_stats(self) -> LoadStats | None:
-        return self._bg.stats() if self._bg else None
+        return self.background.stats()
 
     def background_tokens_per_second(self, window_s: float = 10.0) -> float:
-        return self._bg.tokens_per_second(window_s) if self._bg else 0.0
+        return self.background.tokens_per_second(window_s)

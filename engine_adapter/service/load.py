@@ -5,9 +5,13 @@ Contract:
   with ``concurrency`` requests in flight (like ``vllm bench serve
   --max-concurrency N``) and returns the results in prompt order.
 - ``BackgroundLoad(client, prompts, ...)`` keeps ``set_concurrency(n)``
-  requests in flight, cycling through the prompts, until ``stop()``, its
-  ``max_requests`` or its ``max_seconds`` run out; lowering N cancels the
-  extra requests at once (vLLM aborts a request whose stream is closed).
+  requests in flight, cycling through the prompts, until ``stop()``; lowering N
+  cancels the extra requests at once (vLLM aborts a request whose stream is
+  closed), and a worker that ended is replaced at the next ``set_concurrency``.
+  A measurement bounds it with ``max_requests`` and ``max_seconds`` (none by
+  default: a service's load lives as long as its engine and is bounded per
+  session, ``service.fair_share``); once one runs out the load stays stopped
+  and ``stats().stopped`` says which. ``clock`` is injectable for tests.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class LoadStats:
     failed: int
     tokens: int  # completion tokens of completed requests
     last_error: str | None
+    stopped: str | None = None  # why the load stopped by itself (a measurement's bound ran out)
 
 
 class BackgroundLoad:
@@ -90,10 +95,11 @@ class BackgroundLoad:
         *,
         max_tokens: int = 128,
         temperature: float = 0.0,
-        max_requests: int = 10_000,
-        max_seconds: float = 1800.0,
+        max_requests: int | None = None,
+        max_seconds: float | None = None,
         max_concurrency: int = MAX_BACKGROUND,
         on_result: Callable[[RequestResult], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not prompts:
             raise ValueError("background load needs at least one prompt")
@@ -103,9 +109,12 @@ class BackgroundLoad:
         self.temperature = temperature
         self.max_requests = max_requests
         self.max_concurrency = max_concurrency
-        self._deadline = time.monotonic() + max_seconds
+        self._clock = clock
+        self._deadline = None if max_seconds is None else clock() + max_seconds
+        self.stopped: str | None = None
         self._on_result = on_result  # sees every completed request (the sweep keeps them)
         self._tasks: list[asyncio.Task] = []
+        self._target = 0
         self._started = 0
         self.completed = 0
         self.failed = 0
@@ -121,11 +130,13 @@ class BackgroundLoad:
 
     @property
     def target(self) -> int:
-        return len(self._tasks)
+        return self._target
 
     def stats(self) -> LoadStats:
         in_flight = sum(1 for t in self._tasks if not t.done())
-        return LoadStats(self.target, in_flight, self.completed, self.failed, self.tokens, self.last_error)
+        return LoadStats(
+            self.target, in_flight, self.completed, self.failed, self.tokens, self.last_error, self.stopped
+        )
 
     def tokens_per_second(self, window_s: float = 10.0) -> float:
         """Tokens the engine emitted for this load's requests in the last ``window_s`` seconds, per second."""
@@ -140,13 +151,24 @@ class BackgroundLoad:
             self._emitted.append((step.t, len(step.emitted)))
 
     def set_concurrency(self, n: int) -> int:
-        """Keep ``n`` requests in flight (clamped to 0..max_concurrency); returns n."""
+        """Keep ``n`` requests in flight (clamped to 0..max_concurrency); returns n. Workers that
+        ended are replaced (unless a bound of the load ran out: ``stopped``)."""
         n = max(0, min(int(n), self.max_concurrency))
-        while len(self._tasks) < n:
+        self._target = n
+        self._tasks = [t for t in self._tasks if not t.done()]
+        while len(self._tasks) < n and self._may_start():
             self._tasks.append(asyncio.get_running_loop().create_task(self._worker()))
         while len(self._tasks) > n:
             self._tasks.pop().cancel()
         return n
+
+    def _may_start(self) -> bool:
+        """False once a bound ran out (``stopped`` says which)."""
+        if self._deadline is not None and self._clock() >= self._deadline:
+            self.stopped = self.stopped or "its time limit ran out"
+        elif self.max_requests is not None and self._started >= self.max_requests:
+            self.stopped = self.stopped or f"its {self.max_requests} requests ran out"
+        return self.stopped is None
 
     async def _worker(self) -> None:
         me = asyncio.current_task()
@@ -154,11 +176,7 @@ class BackgroundLoad:
         # (seen: tests' loads ran on to max_seconds after stop()). The symptom, cancelled()
         # False with cancelling() 1, is anyio's issue #1214 (a CancelScope in the HTTP
         # stack swallows a concurrent native Task.cancel()); not reproduced in isolation.
-        while (
-            time.monotonic() < self._deadline
-            and self._started < self.max_requests
-            and not (me is not None and me.cancelling())
-        ):
+        while self._may_start() and not (me is not None and me.cancelling()):
             self._started += 1
             try:
                 result = await _run_one(
@@ -177,7 +195,7 @@ class BackgroundLoad:
                 self._on_result(result)
 
     async def stop(self) -> None:
-        tasks, self._tasks = self._tasks, []
+        tasks, self._tasks, self._target = self._tasks, [], 0
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -37,7 +37,15 @@ from typing import Any
 
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.records import EngineStep, RequestResult, Step
-from engine_adapter.service.backend import REPLAY, BackgroundShare, ReplayInfo, ServiceStatus
+from engine_adapter.service.backend import (
+    REPLAY,
+    BackgroundShare,
+    ReplayInfo,
+    RestartTicket,
+    ServiceStatus,
+    TwinStatus,
+    Visitor,
+)
 from engine_adapter.service.fair_share import MAX_BACKGROUND
 from engine_adapter.service.load import LoadStats
 from engine_adapter.trace.format import SessionTrace, read_session
@@ -120,6 +128,9 @@ class ReplayService:
         played = self.played_s()
         pos = self.position_s()
         note = self._note[1] if self._note and self._clock() - self._note[0] < NOTE_S else None
+        if self.trace.cut_line is not None:  # said for as long as the replay runs, never silently dropped
+            cut = f"the trace's last line ({self.trace.cut_line}) was cut off (the app was stopped) and skipped"
+            note = f"{note} {cut}." if note else f"{cut[0].upper()}{cut[1:]}."
         return ReplayInfo(
             path=str(self.path),
             speed=self.speed,
@@ -164,6 +175,12 @@ class ReplayService:
     async def restart(self, config: EngineConfig | None = None) -> None:
         self.start()
 
+    async def request_restart(self, config: EngineConfig | None = None) -> RestartTicket:
+        raise RuntimeError(
+            "this is a replay of a recorded session: engine settings cannot change it. "
+            "Start `python app.py` (without --replay) for a live engine."
+        )
+
     def close(self) -> None:
         self._closed = True
 
@@ -199,7 +216,7 @@ class ReplayService:
         i = bisect.bisect_right([b["t"] for b in bgs], pos)
         return bgs[i - 1] if i else None
 
-    async def set_background(self, n: int, session: str = "default") -> int:
+    async def set_background(self, n: int, visitor: Visitor | None = None) -> int:
         pos = self.position_s()
         self._say(
             "This is a replay: the background load is the recorded one "
@@ -297,6 +314,9 @@ class ReplayService:
         i = self._find(prompt)
         return self.trace.requests[self._cursor % len(self.trace.requests) if i is None else i].prompt
 
+    def twin_status(self, may_start: bool) -> TwinStatus:
+        return TwinStatus("off", "a replay has no engine to compare with", False)
+
     async def stream(
         self,
         prompt: str,
@@ -305,6 +325,7 @@ class ReplayService:
         temperature: float = 0.0,
         reference: bool = False,
         request_id: str | None = None,  # EngineService's; a replay keeps the recorded ids
+        may_start_reference: bool = True,
     ) -> AsyncIterator[Step | RequestResult]:
         """Play a recorded foreground request (``max_tokens``/``temperature`` are the recorded ones)."""
         if reference:

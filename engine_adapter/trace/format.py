@@ -305,6 +305,7 @@ class SessionTraceWriter:
         self._f: TextIO | None = self.path.open("w", encoding="utf-8")
         self._lock = threading.Lock()
         self.lines = 0
+        self.bytes = 0  # written so far (UTF-8)
 
     def write(self, obj: dict[str, Any]) -> None:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -313,6 +314,7 @@ class SessionTraceWriter:
                 raise ValueError(f"{self.path}: the trace is closed")
             self._f.write(text)
             self.lines += 1
+            self.bytes += len(text.encode("utf-8"))
 
     def write_all(self, objs: Iterable[dict[str, Any]]) -> None:
         for obj in objs:
@@ -343,6 +345,7 @@ class SessionTrace:
     policies: list[dict[str, Any]] = field(default_factory=list)
     engines: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] | None = None
+    cut_line: int | None = None  # the last line, cut off (a killed app), was skipped: its number
 
     @property
     def duration_s(self) -> float:
@@ -368,41 +371,65 @@ def _rebase(requests: list[RequestResult]) -> None:
 
 
 def read_session(path: str | Path) -> SessionTrace:
-    """Read a session trace (or a recorder trace: its requests, no timeline)."""
+    """Read a session trace (or a recorder trace: its requests, no timeline). A malformed line
+    raises ``ValueError`` naming the file and the line; only a cut-off LAST line is skipped, and
+    ``cut_line`` says so."""
     path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text file ({e.reason} at byte {e.start})") from None
+    last = max((n for n, line in enumerate(lines, 1) if line.strip()), default=0)
     trace: SessionTrace | None = None
     loads: dict[float, int] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             d = json.loads(line)
         except json.JSONDecodeError as e:
-            if n > 1 and not line.endswith("}"):
-                break  # a last line cut off by a killed app
+            if n == last and trace is not None and not line.rstrip().endswith("}"):
+                trace.cut_line = n  # a last line cut off by a killed app
+                break
             raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
         kind = d.get("type") if isinstance(d, dict) else None
         if trace is None:
             if kind != "run":
                 raise ValueError(f'{path}:{n}: a trace starts with a {{"type": "run"}} line')
             trace = SessionTrace(header=d)
-        elif kind == "engine_step":
-            trace.steps.append(engine_step_from_line(d))
-        elif kind == "request":
-            trace.request_lines.append(d)
-            trace.requests.append(request_from_line(d))
-        elif kind == "load":
-            loads[float(d["t"])] = int(d["concurrency"])
-        elif kind == "background":
-            trace.backgrounds.append(d)
-        elif kind == "policy":
-            trace.policies.append(d)
-        elif kind == "engine":
-            trace.engines.append(d)
-        elif kind == "summary":
-            trace.summary = d
+            continue
+        try:
+            _read_line(trace, loads, kind, d)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            what = f"missing field {e}" if isinstance(e, KeyError) else f"{type(e).__name__}: {e}"
+            raise ValueError(f"{path}:{n}: a malformed {kind or 'untyped'} line ({what})") from None
     if trace is None:
         raise ValueError(f"{path}: empty trace")
+    try:
+        _order(trace, loads)
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"{path}: a line lacks its time or holds a bad one ({type(e).__name__}: {e})") from None
+    return trace
+
+
+def _read_line(trace: SessionTrace, loads: dict[float, int], kind: str | None, d: dict[str, Any]) -> None:
+    """One line after the header into ``trace`` (raises on a malformed line)."""
+    if kind == "engine_step":
+        trace.steps.append(engine_step_from_line(d))
+    elif kind == "request":
+        trace.request_lines.append(d)
+        trace.requests.append(request_from_line(d))
+    elif kind == "load":
+        loads[float(d["t"])] = int(d["concurrency"])
+    elif kind in ("background", "policy", "engine"):
+        float(d["t"])  # every timeline line has a time
+        {"background": trace.backgrounds, "policy": trace.policies, "engine": trace.engines}[kind].append(d)
+    elif kind == "summary":
+        trace.summary = d
+
+
+def _order(trace: SessionTrace, loads: dict[float, int]) -> None:
+    """Sort what was read by time (a recorder trace's requests rebased to its first)."""
     if not trace.header.get("session") and trace.requests:
         _rebase(trace.requests)  # a recorder trace: engine-host clock times, no session start
     trace.steps.sort(key=lambda s: s.t)
@@ -413,4 +440,3 @@ def read_session(path: str | Path) -> SessionTrace:
     trace.backgrounds.sort(key=lambda b: b["t"])
     trace.policies.sort(key=lambda p: p["t"])
     trace.engines.sort(key=lambda e: e["t"])
-    return trace

@@ -9,6 +9,10 @@ moment is the session's time zero), every server-wide engine step
 has it), engine restarts, and each finished foreground request, handed over by
 the service's ``on_result`` callbacks. ``close()`` writes what is left and the
 summary line. It only reads the service; the engine is never slowed by it.
+
+Bounded and never silent: once the file reaches ``max_bytes``, or a write fails (a full disk,
+a removed folder), recording stops and ``status()`` (a ``RecordingStatus``, which every page's
+banner reads) says why; the app keeps running.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.records import RequestResult
-from engine_adapter.service.backend import Backend, ServiceStatus
+from engine_adapter.service.backend import Backend, RecordingStatus, ServiceStatus
 from engine_adapter.trace.format import (
     SessionTraceWriter,
     background_line,
@@ -58,13 +62,24 @@ def _vllm_version(status: ServiceStatus) -> str | None:
     return None
 
 
+DEFAULT_MAX_BYTES = 200 << 20
+
+
 class SessionRecorder:
     def __init__(
-        self, service: Backend, path: str | Path, *, poll_s: float = 0.5, clock: Callable[[], float] = time.monotonic
+        self,
+        service: Backend,
+        path: str | Path,
+        *,
+        poll_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+        max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.service = service
         self.path = Path(path)
         self.poll_s = poll_s
+        self.max_bytes = max_bytes
+        self.error: str | None = None  # why recording stopped early
         self._clock = clock
         self._writer = SessionTraceWriter(self.path)
         self.t0: float | None = None
@@ -94,11 +109,30 @@ class SessionRecorder:
         self._thread.start()
         return self
 
+    def status(self) -> RecordingStatus:
+        return RecordingStatus(
+            active=not self._closed and self.error is None,
+            error=self.error,
+            bytes_written=self._writer.bytes,
+            max_bytes=self.max_bytes,
+        )
+
     def _run(self) -> None:
         # poll often until the engine is ready: time zero is taken between two polls
         while not self._stop.wait(self.poll_s if self.t0 is not None else min(self.poll_s, 0.05)):
-            with contextlib.suppress(Exception):  # a recorder must never take the app down
+            try:
                 self.poll_once()
+            except OSError as e:  # a recorder must never take the app down: it stops and says why
+                self._give_up(f"writing {self.path.name} failed ({e.strerror or e})")
+            except Exception as e:
+                self._give_up(f"the recorder failed ({type(e).__name__}: {e})")
+            if self.error is None and self._writer.bytes >= self.max_bytes:
+                self._give_up(f"the file reached its size cap of {self.max_bytes / 2**20:.0f} MiB")
+
+    def _give_up(self, why: str) -> None:
+        self.error = why
+        self._stop.set()
+        print(f"Recording stopped: {why}", flush=True)  # the app's log: the owner's
 
     def poll_once(self) -> None:
         with self._lock:
@@ -160,12 +194,13 @@ class SessionRecorder:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        with contextlib.suppress(Exception):
-            self.poll_once()
+        if self.error is None:
+            with contextlib.suppress(Exception):
+                self.poll_once()
         with contextlib.suppress(ValueError):
             self.service.on_result.remove(self._on_result)
         with self._lock:
-            if self.t0 is not None and self._writer.lines and not self._closed:
+            if self.t0 is not None and self._writer.lines and not self._closed and self.error is None:
                 self._writer.write(
                     {
                         "type": "summary",
@@ -176,4 +211,5 @@ class SessionRecorder:
                     }
                 )
             self._closed = True
-            self._writer.close()
+            with contextlib.suppress(OSError):
+                self._writer.close()

@@ -120,10 +120,11 @@ class PolicyHooksMixin:
     def _apply_control(self) -> None:
         while True:
             try:
-                msg = decode_control(self._control.recv(zmq.NOBLOCK))
+                payload = self._control.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
             try:
+                msg = decode_control(payload)
                 if "table" in msg:
                     self._set_table([tuple(r) for r in msg["table"]])
                     self._auction_cost = None
@@ -140,8 +141,8 @@ class PolicyHooksMixin:
                 elif "acceptance" in msg:
                     rule = AcceptanceRule.from_dict(msg["acceptance"])
                     self._acceptance = rule.to_dict() if rule.lossy else None
-            except (ValueError, TypeError, KeyError):
-                pass  # the adapter validates first; a bad command must never stop the engine
+            except Exception:  # the adapter validates first; a bad command (or bytes) must never stop the engine
+                pass
             self._controls_applied += 1
 
     def _set_table(self, rows: list[tuple[int, int, int]]) -> None:

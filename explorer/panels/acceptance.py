@@ -1,6 +1,6 @@
 """The "Acceptance rule" panel: trade the lossless guarantee live, engine-wide.
 
-Contract: ``build_acceptance_panel(backend, unlocked, presenter)`` adds, inside the enclosing
+Contract: ``build_acceptance_panel(ctx)`` adds, inside the enclosing
 ``gr.Blocks``, the rule (vLLM's lossless rule, ``relaxed`` or ``typical``; ``acceptance_rule.py``)
 with its parameters and an Apply (the presenter's lock applies, as for the K policy). It talks
 to the engine only through the ``Backend`` (``set_acceptance``; ``status().acceptance`` is the
@@ -8,7 +8,8 @@ rule in force, which the page's banner, ``explorer.views.status.acceptance_banne
 shows on every page while it is lossy). A bad parameter is refused with the reason; the rule in
 force is unchanged.
 
-API names: /set_acceptance (rule, top_k, delta, epsilon, alpha, unlocked) -> the answer.
+API names: /set_acceptance (rule, top_k, delta, epsilon, alpha) -> the answer (refused to a
+session without the presenter's key, however called).
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ from __future__ import annotations
 import gradio as gr
 
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
-from engine_adapter.service.backend import Backend
-from explorer.panels.presenter import Presenter
+from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
 
 RULE_LABELS = (
     ("lossless: vLLM's rejection sampler (outputs are the target model's)", "lossless"),
@@ -27,9 +27,9 @@ RULE_LABELS = (
 
 
 class AcceptancePanel:
-    def __init__(self, backend: Backend, presenter: Presenter) -> None:
-        self.backend = backend
-        self.presenter = presenter
+    def __init__(self, ctx: PageContext) -> None:
+        self.ctx = ctx
+        self.backend = ctx.backend
 
     def build(self) -> None:
         with gr.Accordion("Acceptance rule: trade the lossless guarantee (engine-wide, live)", open=False):
@@ -47,12 +47,22 @@ class AcceptancePanel:
             self.apply_btn = gr.Button("Apply acceptance rule", elem_id="apply-acceptance")
             self.said = gr.Markdown("", elem_id="acceptance-said")
 
-    def wire(self, unlocked: gr.State) -> None:
-        inputs = [self.rule, self.top_k, self.delta, self.epsilon, self.alpha, unlocked]
-        self.apply_btn.click(self.apply, inputs, self.said, api_name="set_acceptance", trigger_mode="always_last")
+    def wire(self) -> None:
+        inputs = [self.rule, self.top_k, self.delta, self.epsilon, self.alpha]
+        self.apply_btn.click(
+            self.apply,
+            inputs,
+            self.said,
+            api_name="set_acceptance",
+            trigger_mode="always_last",
+            concurrency_id="engine",
+            concurrency_limit=ENGINE_CHANGES_AT_ONCE,
+        )
 
-    async def apply(self, name: str, top_k: float, delta: float, epsilon: float, alpha: float, may: bool) -> str:
-        if refusal := self.presenter.refusal(may):
+    async def apply(
+        self, name: str, top_k: float, delta: float, epsilon: float, alpha: float, request: gr.Request
+    ) -> str:
+        if refusal := self.ctx.refusal(request):
             return refusal
         try:
             rule = AcceptanceRule.from_dict(
@@ -66,8 +76,8 @@ class AcceptancePanel:
         return f"Sent to the engine: **{rule.describe()}**. Outputs are no longer the target model's (see the banner)."
 
 
-def build_acceptance_panel(backend: Backend, unlocked: gr.State, presenter: Presenter) -> AcceptancePanel:
-    panel = AcceptancePanel(backend, presenter)
+def build_acceptance_panel(ctx: PageContext) -> AcceptancePanel:
+    panel = AcceptancePanel(ctx)
     panel.build()
-    panel.wire(unlocked)
+    panel.wire()
     return panel

@@ -1,15 +1,18 @@
 """The engine panel: the status line at the top of the page and the engine settings.
 
-Contract: ``EnginePanel(backend, config, presenter)``; ``build_status()`` adds
+Contract: ``EnginePanel(ctx, config)`` (``explorer.panels.context``); ``build_status()`` adds
 the status line (``explorer.views.status.status_markdown``, refreshed every
-second) and above it the lossy-rule banner (``acceptance_banner_markdown``, empty
-under vLLM's lossless rule), ``build_settings()`` the "Engine" accordion: the presenter box
-(``explorer.panels.presenter``), the speculation method, K and an Apply that
-restarts the engine with ``config`` changed in those two (a live K policy
-keeps room for the chosen K). ``wire()`` connects them.
+second) and above it the banners: the lossy rule's (``acceptance_banner_markdown``, empty
+under vLLM's lossless rule) and the recording notice (``recording_banner_markdown``, while
+``--record`` writes the session); ``build_settings()`` the "Engine" accordion: the presenter box
+(``explorer.panels.presenter``), the speculation method, K and an Apply that asks for a restart
+with ``config`` changed in those two (a live K policy keeps room for the chosen K; restarts
+coalesce: ``Backend.request_restart``). ``wire()`` connects them. The lines are built once per
+refresh tick for every page (``ctx.ticks``); on a public page they name no engine address or
+server path.
 
-API names: /apply (method, K, unlocked) -> status line; /status -> status line;
-/acceptance_banner -> the banner; /top_lines -> both (not queued: the page's timer
+API names: /apply (method, K) -> status line (the presenter's); /status -> status line;
+/acceptance_banner -> the banners; /top_lines -> both (not queued: the page's timer
 fetches it every second, ``assets/top_lines.js``).
 """
 
@@ -22,9 +25,9 @@ import gradio as gr
 
 from engine_adapter.engine_config import EngineConfig, available_methods
 from engine_adapter.package_data import assets_dir
-from engine_adapter.service.backend import Backend
-from explorer.panels.presenter import Presenter, build_presenter_box
-from explorer.views.status import acceptance_banner_markdown, status_markdown
+from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
+from explorer.panels.presenter import build_presenter_box
+from explorer.views.status import acceptance_banner_markdown, recording_banner_markdown, status_markdown
 
 METHOD_LABELS = MappingProxyType(
     {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)", "draft": "draft model", "suffix": "suffix tree"}
@@ -33,20 +36,20 @@ MAX_K = 8  # the K slider's top (EngineConfig.validate allows more)
 
 
 class EnginePanel:
-    def __init__(self, backend: Backend, config: EngineConfig, presenter: Presenter) -> None:
-        self.backend = backend
+    def __init__(self, ctx: PageContext, config: EngineConfig) -> None:
+        self.ctx = ctx
+        self.backend = ctx.backend
         self.config = config
-        self.presenter = presenter
 
     def build_status(self) -> gr.Markdown:
-        self.banner = gr.Markdown(acceptance_banner_markdown(self.backend.status()), elem_id="lossy-banner")
-        self.status = gr.Markdown(status_markdown(self.backend), elem_id="engine-status")
+        self.banner = gr.Markdown(self._banners(None), elem_id="lossy-banner")
+        self.status = gr.Markdown(self._status(), elem_id="engine-status")
         return self.status
 
-    def build_settings(self) -> gr.State:
-        """The "Engine" accordion; returns the presenter state (True once this page is unlocked)."""
+    def build_settings(self) -> None:
+        """The "Engine" accordion."""
         with gr.Accordion("Engine (restarts the engine)", open=True):
-            self.unlocked = build_presenter_box(self.presenter)
+            build_presenter_box(self.ctx.presenter, self.ctx.exposure)
             self.method = gr.Radio(
                 [(METHOD_LABELS[m], m) for m in available_methods()],
                 value=self.config.method,
@@ -55,37 +58,70 @@ class EnginePanel:
             )
             self.k = gr.Slider(1, MAX_K, value=self.config.k, step=1, label="K (num_speculative_tokens)")
             self.apply_btn = gr.Button("Apply engine settings", elem_id="apply")
-        return self.unlocked
 
     def wire(self) -> None:
-        self.apply_btn.click(self.apply, [self.method, self.k, self.unlocked], self.status, api_name="apply")
+        self.apply_btn.click(
+            self.apply,
+            [self.method, self.k],
+            self.status,
+            api_name="apply",
+            concurrency_id="engine",
+            concurrency_limit=ENGINE_CHANGES_AT_ONCE,
+        )
         # one timer for both lines, whose tick runs in the page only (assets/top_lines.js fetches
         # /top_lines): an event with a backend function costs the page's main thread at each of its
         # messages (Gradio updates the loading state of every component), and the token view waits
         gr.api(self.top_lines, api_name="top_lines", queue=False)
         top_lines_js = (assets_dir() / "top_lines.js").read_text()
         gr.Timer(1.0).tick(None, [self.status, self.banner], [self.status, self.banner], js=top_lines_js)
-        gr.api(self.status_line, api_name="status")
-        gr.api(self.banner_line, api_name="acceptance_banner")
+        gr.api(self.status_line, api_name="status", queue=False)
+        gr.api(self.banner_line, api_name="acceptance_banner", queue=False)
 
-    def top_lines(self) -> tuple[str, str]:
-        return self.status_line(), self.banner_line()
+    def _status(self) -> str:
+        return status_markdown(self.backend, public=self.ctx.exposure.public)
 
-    def banner_line(self) -> str:
-        return acceptance_banner_markdown(self.backend.status())
+    def _banners(self, request: gr.Request | None) -> str:
+        lossy = acceptance_banner_markdown(self.backend.status())
+        rec = self.ctx.recording() if self.ctx.recording else None
+        presenter = request is not None and self.ctx.presenter.enabled and self.ctx.refusal(request) is None
+        recorded = recording_banner_markdown(rec, presenter)
+        return "\n\n".join(part for part in (lossy, recorded) if part)
+
+    def top_lines(self, request: gr.Request) -> tuple[str, str]:
+        """The status line and the banners, built once per tick for every page (the presenter's
+        view of the recording's trouble apart)."""
+        status = self.ctx.ticks.get("status", self._status)
+        if self.ctx.recording is not None and self.ctx.presenter.enabled and self.ctx.refusal(request) is None:
+            return status, self._banners(request)
+        return status, self.ctx.ticks.get("banners", lambda: self._banners(None))
+
+    def banner_line(self, request: gr.Request) -> str:
+        return self.top_lines(request)[1]
 
     def status_line(self) -> str:
-        return status_markdown(self.backend)
+        """The status line now (for API callers and tests: not the tick's copy), unless every poll
+        slot is taken: then the tick's."""
+        with self.ctx.polls.slot() as mine:
+            return self._status() if mine else self.ctx.ticks.get("status", self._status)
 
-    async def apply(self, method: str, k_value: float, may: bool) -> str:
-        if refusal := self.presenter.refusal(may):
+    async def apply(self, method: str, k_value: float, request: gr.Request) -> str:
+        if refusal := self.ctx.refusal(request):
             return refusal
         cfg = replace(self.config, method=method, k=int(k_value))
         if cfg.k_max is not None:  # live policies stay on, with room for the chosen K
             cfg.k_max = max(cfg.k_max, cfg.k)
         try:
             cfg.validate()
-        except ValueError as e:
-            return f"✕ {e}"
-        self.backend.start(cfg)  # returns at once; the status line shows progress
-        return status_markdown(self.backend)
+            ticket = await self.backend.request_restart(cfg)
+        except (ValueError, RuntimeError) as e:
+            return f"✕ {self.ctx.shown(str(e))}"
+        what = f"method **{cfg.method}**, K={cfg.k}"
+        if ticket.behind_running:
+            when = "after the restart in progress"
+        else:
+            when = f"in {ticket.due_in_s:.0f} s"
+        replaced = " It replaces the restart asked for before it." if ticket.replaced else ""
+        return (
+            f"Restart asked for ({what}): it starts {when}; another Apply before then replaces it.{replaced} "
+            "The status line above shows its progress."
+        )

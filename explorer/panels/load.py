@@ -1,7 +1,7 @@
 """The load panel: the concurrency slider (real background requests) and the live charts.
 
-Contract: ``LoadPanel(backend)``; ``build_controls()`` adds the "Background load" accordion (slider 0..the
-backend's ``max_background`` requests kept in flight, closed loop, and the
+Contract: ``LoadPanel(ctx)`` (``explorer.panels.context``); ``build_controls()`` adds the
+"Background load" accordion (slider 0..the backend's ``max_background`` requests kept in flight, closed loop, and the
 readout), ``build_chart()`` the live chart of the whole server over the last
 ``WINDOW_S`` seconds; ``wire(page)`` connects them: a slider change asks the backend for this
 session's share, closing the page releases the session's load. ``refresh(step_times, drawn,
@@ -10,7 +10,9 @@ request)``, run by the page's chart timer (``explorer.page``, every ``CHART_REFR
 t, tokens emitted), drawn as the foreground's tokens/s), updates the readout (and keeps the
 session's load alive) and redraws the chart when the engine did something since the page drew it
 (while the page's own request streams, at most every ``STREAMING_REFRESH_S``: the token view goes
-first).
+first). The chart every page without a request of its own sees is built once per refresh tick
+(``ctx.ticks``); a page's own is built only while a poll slot is free (``ctx.polls``). A session's
+ask counts against its visitor's share (``ctx.visitor``: one address, however many sessions).
 
 API names: /set_load (requests) -> readout; the page's /charts (``explorer.page``) -> (figure,
 readout, then the K-policy panel's).
@@ -23,8 +25,10 @@ from typing import Any
 
 import gradio as gr
 from gradio.components import Component
+from gradio.data_classes import PlotData
 
 from engine_adapter.service.backend import Backend
+from explorer.panels.context import PageContext
 from explorer.views.live_charts import (
     WINDOW_S,
     bin_steps,
@@ -45,10 +49,16 @@ def slider_max(backend: Backend) -> int:
     return backend.max_background if backend.capabilities.background_load else NO_LOAD_CONTROL_MAX
 
 
+def plot_data(figure: Any) -> PlotData:
+    """A plotly figure as the JSON Gradio sends (built once, sent to every page that polls)."""
+    return PlotData(type="plotly", plot=figure.to_json())
+
+
 class LoadPanel:
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
-        self.max_background = slider_max(backend)
+    def __init__(self, ctx: PageContext) -> None:
+        self.ctx = ctx
+        self.backend = ctx.backend
+        self.max_background = slider_max(ctx.backend)
 
     def build_controls(self) -> None:
         with gr.Accordion("Background load", open=True):
@@ -82,29 +92,40 @@ class LoadPanel:
             return f"✕ The load must be a number of requests between 0 and {top}; got {n!r}."
         if not 0 <= n <= top or not n.is_integer():
             note = f"✕ {n:g} is not a whole number between 0 and {top}: nothing changed. "
-            return note + load_readout_markdown(self.backend, request.session_hash)
-        await self.backend.set_background(int(n), session=request.session_hash)
-        if self.backend.status().state != "ready":
-            return f"The engine is not ready: your {int(n)} background requests start once it is."
-        return load_readout_markdown(self.backend, request.session_hash)
+            return note + self._readout(request)
+        await self.backend.set_background(int(n), self.ctx.visitor(request))
+        return self._readout(request)
+
+    def _readout(self, request: gr.Request) -> str:
+        return self.ctx.shown(load_readout_markdown(self.backend, self.ctx.session(request)))
 
     def refresh_readout(self, request: gr.Request) -> dict[Component, Any]:
         """The readout alone (the page's chart gate said no redraw this tick); keeps the load alive."""
-        self.backend.touch_session(request.session_hash)  # a page that stops polling loses its load
-        return {self.readout: load_readout_markdown(self.backend, request.session_hash)}
+        self.backend.touch_session(self.ctx.session(request))  # a page that stops polling loses its load
+        return {self.readout: self._readout(request)}
 
     def refresh(self, times: list[tuple[float, int]], drawn: tuple | None, request: gr.Request) -> dict[Component, Any]:
         """The readout every tick; the chart when the engine did something since this page drew it, and
         while this page's own request streams, at most every ``STREAMING_REFRESH_S`` (``chart_due``)."""
         now = time.monotonic()
         shown = self.refresh_readout(request)
-        key = (engine_activity(self.backend, now), len(times or []))
+        activity = self.ctx.ticks.get("activity", lambda: engine_activity(self.backend, time.monotonic()))
+        key = (activity, len(times or []))
         drawn_key, drawn_at = drawn or (None, None)
         if key == drawn_key or not chart_due(drawn_at, now, times or []):
             return shown
+        if not times:  # the chart every page without a request of its own sees: one per tick
+            figure = self.ctx.ticks.get(("live", activity), lambda: plot_data(self._figure([], time.monotonic())))
+            return {**shown, self.live: figure, self.drawn: (key, now)}
+        with self.ctx.polls.slot() as mine:
+            if not mine:  # every slot taken: the chart waits for the next tick
+                return shown
+            return {**shown, self.live: self._figure(times, now), self.drawn: (key, now)}
+
+    def _figure(self, times: list[tuple[float, int]], now: float) -> Any:
         markers = [(t - now, n) for t, n in self.backend.load_changes]
-        figure = live_figure(live_chart_frame(self.backend, now), markers, foreground_rate(times or [], now))
-        return {**shown, self.live: figure, self.drawn: (key, now)}
+        return live_figure(live_chart_frame(self.backend, now), markers, foreground_rate(times, now))
 
     def leave(self, request: gr.Request) -> None:
-        self.backend.release_background(request.session_hash)
+        self.backend.release_background(self.ctx.session(request))
+        self.ctx.presenter.forget(self.ctx.session(request))

@@ -1,9 +1,10 @@
 """The "K under load" panel: live K policy, K table editor, cost model, auction grid.
 
-Contract: ``build_policy_panel(page, backend, k_max, unlocked, presenter)``
-adds its components inside the enclosing ``gr.Blocks`` ``page`` and wires them
-(on load, the controls show the policy in force); ``unlocked`` is the presenter
-state (``explorer.panels.presenter``), ``k_max`` the engine's most draft tokens per step (the K slider's top).
+Contract: ``build_policy_panel(page, ctx, k_max)`` adds its components inside the enclosing
+``gr.Blocks`` ``page`` and wires them (on load, the controls show the policy in force); ``ctx``
+is the page's ``PageContext`` (the presenter's lock refuses Apply and re-measuring to a session
+without the key, however called), ``k_max`` the engine's most draft tokens per step (the K
+slider's top).
 The table editor is checked on every edit (``views.k_table.table_check``),
 before any Apply. It talks to the engine only through the ``Backend``
 (``set_policy``, ``profile_cost``, ``policy_view``, ``steps_since``); a backend
@@ -15,20 +16,25 @@ API names: /set_policy (policy, K, table rows) -> status text; /profile;
 /check_edit (table rows) -> the check; /policy_controls -> (policy, K, table)
 as a newly loaded page shows them. ``refresh(foreground, step_times, drawn)`` runs on the
 page's chart timer (``explorer.page``, API /charts) into ``tick_outputs``: the status, the
-table in force and the live figures.
+table in force and the live figures. What every page sees alike (the policy's status, the
+step-time picture, the auto curve, the auction grid without a request of the page's own) is built
+once per refresh tick (``ctx.ticks``).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import gradio as gr
 import plotly.graph_objects as go
 from gradio.components import Component
 
-from engine_adapter.service.backend import Backend, PolicySpec
-from explorer.panels.presenter import Presenter
+from engine_adapter.records import EngineStep
+from engine_adapter.service.backend import PolicySpec
+from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
+from explorer.panels.load import plot_data
 from explorer.views.k_table import (
     DEFAULT_TABLE,
     TABLE_HEADERS,
@@ -61,11 +67,25 @@ RECENT_S = 5.0  # seconds of engine steps that make the operating point ("now")
 AUCTION_S = 10.0  # seconds of engine steps searched for the latest auction
 
 
+@dataclass(frozen=True)
+class PolicyTick:
+    """What every page's policy panel reads in one refresh tick."""
+
+    view: PolicyView
+    recent: list[EngineStep]  # the last RECENT_S seconds of steps
+    op: tuple[float, float, float, float] | None  # the operating point (``operating_point``)
+    auctions: list[EngineStep]  # the steps of the last AUCTION_S seconds that ran the auction
+    keys: dict[str, Any]  # what each chart shows (the auction's without a page's own request)
+    bidders: set[str]  # request ids in those auctions
+    status_md: str
+    table_md: str
+
+
 class PolicyPanel:
-    def __init__(self, backend: Backend, k_max: int, presenter: Presenter) -> None:
-        self.backend = backend
+    def __init__(self, ctx: PageContext, k_max: int) -> None:
+        self.ctx = ctx
+        self.backend = ctx.backend
         self.k_max = k_max
-        self.presenter = presenter
 
     def build(self) -> None:
         k_max = self.k_max
@@ -111,7 +131,7 @@ class PolicyPanel:
                 self.auto_plot = gr.Plot(show_label=False, elem_id="auto-curve")
                 self.auction_plot = gr.Plot(show_label=False, elem_id="auction-grid")
 
-    def wire(self, page: gr.Blocks, unlocked: gr.State) -> None:
+    def wire(self, page: gr.Blocks) -> None:
         # the check answers each edit, so an error shows before Apply (and a test can see the edit landed)
         self.table.change(
             self.check_edit, self.table, self.checked, api_name="check_edit", show_progress="hidden", queue=False
@@ -120,12 +140,21 @@ class PolicyPanel:
         # (Gradio's default drops it, so a quick "table, then auction" kept the table)
         self.apply_btn.click(
             self.apply,
-            [self.policy, self.k, self.table, unlocked],
+            [self.policy, self.k, self.table],
             self.said,
             api_name="set_policy",
             trigger_mode="always_last",
+            concurrency_id="engine",
+            concurrency_limit=ENGINE_CHANGES_AT_ONCE,
         )
-        self.profile_btn.click(self.profile, unlocked, self.said, api_name="profile")
+        self.profile_btn.click(
+            self.profile,
+            None,
+            self.said,
+            api_name="profile",
+            concurrency_id="engine",
+            concurrency_limit=ENGINE_CHANGES_AT_ONCE,
+        )
         page.load(
             self.controls_in_force,
             None,
@@ -147,8 +176,8 @@ class PolicyPanel:
         # refresh's, on the page's chart timer (explorer.page)
         self.tick_outputs = [self.status, self.in_force, self.step_plot, self.auto_plot, self.auction_plot, self.drawn]
 
-    async def apply(self, kind: str, k_value: float, rows: Any, may: bool) -> str:
-        if refusal := self.presenter.refusal(may):
+    async def apply(self, kind: str, k_value: float, rows: Any, request: gr.Request) -> str:
+        if refusal := self.ctx.refusal(request):
             return refusal
         try:
             spec = PolicySpec(kind, int(k_value), table_rows(rows) if kind == "table" else None)
@@ -160,11 +189,14 @@ class PolicyPanel:
         return f"✓ Sent to the engine: {spec.describe()} (no restart; the line below says when it ran)."
 
     def check_edit(self, rows: Any) -> str:
-        v = self.backend.policy_view()
+        v = self._view()
         return table_check(rows, v.k_max) if v.available else ""  # the status line says why not
 
-    async def profile(self, may: bool) -> str:
-        if refusal := self.presenter.refusal(may):
+    def _view(self) -> PolicyView:
+        return self.ctx.ticks.get("policy_view", self.backend.policy_view)
+
+    async def profile(self, request: gr.Request) -> str:
+        if refusal := self.ctx.refusal(request):
             return refusal
         try:
             await self.backend.profile_cost()
@@ -204,12 +236,18 @@ class PolicyPanel:
 
     def refresh_readout(self) -> dict[Component, Any]:
         """The status and the table in force, no chart (the page's chart gate said no redraw)."""
-        return self._readout(
-            self.backend.policy_view(), operating_point(self.backend.steps_since(time.monotonic() - RECENT_S))
-        )
+        tick = self._tick()
+        return {self.status: tick.status_md, self.in_force: tick.table_md}
 
-    def _readout(self, v: PolicyView, op: tuple[float, float, float, float] | None) -> dict[Component, Any]:
-        """The status and the table in force at the operating point ``op`` (``operating_point``)."""
+    def _tick(self) -> PolicyTick:
+        return self.ctx.ticks.get("policy_tick", self._build_tick)
+
+    def _build_tick(self) -> PolicyTick:
+        """What every page's policy panel reads this tick (one computation for all of them)."""
+        v = self.backend.policy_view()
+        now = time.monotonic()
+        recent = self.backend.steps_since(now - RECENT_S)
+        op = operating_point(recent)
         state = v.state
         auction_on = state is not None and state.spec.kind == "auction"
         table_md = (
@@ -217,22 +255,6 @@ class PolicyPanel:
             if v.available
             else ""
         )
-        return {self.status: policy_status_markdown(v), self.in_force: table_md}
-
-    def refresh(self, fg: str | None, fg_steps: list | None, drawn: dict | None) -> dict[Component, Any]:
-        """The status and the table in force every tick; each chart only when what it shows changed
-        since this page drew it (``drawn``: chart -> key): the step-time picture with the engine's
-        steps, the cost model and a profile's progress; the auto curve with the policy, the preview
-        and the operating point; the auction grid with the auction's steps and this page's request.
-        While this page's own request streams (``fg_steps``), the charts wait for its end."""
-        v = self.backend.policy_view()
-        now = time.monotonic()
-        recent = self.backend.steps_since(now - RECENT_S)
-        op = operating_point(recent)
-        state = v.state
-        shown = self._readout(v, op)
-        if streaming(now, fg_steps or []):  # the charts wait for the end of this page's request
-            return shown
         cost_key = (v.cost.base_s, v.cost.slope_s, len(v.cost.points)) if v.cost else None
         auctions = [s for s in self.backend.steps_since(now - AUCTION_S) if s.auction_slots is not None]
         keys = {
@@ -243,15 +265,41 @@ class PolicyPanel:
                 round(op[0], 1) if op else None,
                 cost_key,
             ),
-            "auction": (auctions[-1].seq if auctions else None, fg),
+            "auction": auctions[-1].seq if auctions else None,
         }
+        bidders = {b.request_id for s in auctions for b in s.bids}
+        return PolicyTick(v, recent, op, auctions, keys, bidders, self.ctx.shown(policy_status_markdown(v)), table_md)
+
+    def refresh(self, fg: str | None, fg_steps: list | None, drawn: dict | None) -> dict[Component, Any]:
+        """The status and the table in force every tick; each chart only when what it shows changed
+        since this page drew it (``drawn``: chart -> key): the step-time picture with the engine's
+        steps, the cost model and a profile's progress; the auto curve with the policy, the preview
+        and the operating point; the auction grid with the auction's steps and this page's request.
+        While this page's own request streams (``fg_steps``), the charts wait for its end."""
+        tick = self._tick()
+        shown: dict[Component, Any] = {self.status: tick.status_md, self.in_force: tick.table_md}
+        if streaming(time.monotonic(), fg_steps or []):  # the charts wait for the end of this page's request
+            return shown
+        mine = fg if fg in tick.bidders else None  # a request of this page's in the auction grid
+        keys = {**tick.keys, "auction": (tick.keys["auction"], mine)}
         drawn = dict(drawn or {})
+        v, op = tick.view, tick.op
         if keys["step"] != drawn.get("step"):
-            shown[self.step_plot] = step_time_figure(v.cost, recent, v.profiling)
+            build = lambda: plot_data(step_time_figure(v.cost, tick.recent, v.profiling))  # noqa: E731
+            shown[self.step_plot] = self.ctx.ticks.get(("step", keys["step"]), build)
         if keys["auto"] != drawn.get("auto"):
-            shown[self.auto_plot] = self._auto_figure(v, op[0] if op else 1)
+            build = lambda: plot_data(self._auto_figure(v, op[0] if op else 1))  # noqa: E731
+            shown[self.auto_plot] = self.ctx.ticks.get(("auto", keys["auto"]), build)
         if keys["auction"] != drawn.get("auction"):
-            shown[self.auction_plot] = auction_figure(auctions, fg)
+            if mine is None:
+                build = lambda: plot_data(auction_figure(tick.auctions, None))  # noqa: E731
+                shown[self.auction_plot] = self.ctx.ticks.get(("auction", keys["auction"]), build)
+            else:
+                with self.ctx.polls.slot() as free:
+                    if not free:  # every slot taken: this page's grid waits for the next tick
+                        keys["auction"] = drawn.get("auction")
+                    else:
+                        shown[self.auction_plot] = auction_figure(tick.auctions, mine)
         if keys != drawn:
             shown[self.drawn] = keys
         return shown
@@ -266,14 +314,8 @@ class PolicyPanel:
         return auto_figure(None, batch_size, "")
 
 
-def build_policy_panel(
-    page: gr.Blocks,
-    backend: Backend,
-    k_max: int,
-    unlocked: gr.State,
-    presenter: Presenter,
-) -> PolicyPanel:
-    panel = PolicyPanel(backend, k_max, presenter)
+def build_policy_panel(page: gr.Blocks, ctx: PageContext, k_max: int) -> PolicyPanel:
+    panel = PolicyPanel(ctx, k_max)
     panel.build()
-    panel.wire(page, unlocked)
+    panel.wire(page)
     return panel

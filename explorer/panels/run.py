@@ -1,6 +1,6 @@
 """The run panel: prompt and presets, Run/Stop, the token view, the request card, the lossless check.
 
-Contract: ``RunPanel(backend, presets, max_tokens, temperature)``;
+Contract: ``RunPanel(ctx, presets, max_tokens, temperature)`` (``explorer.panels.context``);
 ``build_prompt()`` adds the preset dropdown, the prompt box and Run/Stop,
 ``build_generation()`` the temperature and max-tokens sliders,
 ``build_outputs()`` the token view, the request card with its two charts, the
@@ -19,6 +19,7 @@ text with speculation, text without); /pick (preset label) -> prompt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -29,9 +30,9 @@ from gradio.components import Component
 
 from engine_adapter.prompts import Preset
 from engine_adapter.records import RequestResult, Step
-from engine_adapter.service.backend import Backend
 from engine_adapter.trace.format import request_line
 from explorer.components import TokenView
+from explorer.panels.context import PageContext
 from explorer.panels.pacing import paced
 from explorer.views.input_checks import MAX_TOKENS, check_run
 from explorer.views.lossless import compare, verdict_markdown
@@ -42,11 +43,14 @@ from explorer.views.token_view import token_view_value
 Updates = dict[Component, Any]
 MIN_UPDATE_S = 0.1  # the token view is redrawn at most this often (explorer/panels/pacing.py)
 SLIDER_MAX_TEMPERATURE = 1.5  # the page's slider; API callers may go up to input_checks.MAX_TEMPERATURE
+MAX_FOREGROUND_RUNS = 16  # visitors' runs streaming at once, however started (Run, Enter, the API)
+MAX_CHECKS = 2  # lossless checks running at once (each a request on the speculation-off engine)
 
 
 class RunPanel:
-    def __init__(self, backend: Backend, presets: Sequence[Preset], max_tokens: int, temperature: float) -> None:
-        self.backend = backend
+    def __init__(self, ctx: PageContext, presets: Sequence[Preset], max_tokens: int, temperature: float) -> None:
+        self.ctx = ctx
+        self.backend = ctx.backend
         self.presets = list(presets)
         self.by_label = presets_by_label(self.presets)
         self.default_max_tokens = max_tokens
@@ -98,14 +102,18 @@ class RunPanel:
         outputs = [self.view, self.card, self.hist, self.pos, self.last, self.step_times, self.trace, self.request_id]
         # no Gradio progress overlay: the token view shows its own cursor from the click on, and the
         # overlay's timers and loading states cost the browser's main thread at every streamed step
-        run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", show_progress="hidden")
-        self.prompt.submit(self.run, inputs, outputs, api_name=False, show_progress="hidden")
-        self.stop_btn.click(None, None, None, cancels=[run_event])
+        # one concurrency group for every way a run starts, really capped
+        runs = dict(show_progress="hidden", concurrency_id="foreground-run", concurrency_limit=MAX_FOREGROUND_RUNS)
+        run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", **runs)
+        enter_event = self.prompt.submit(self.run, inputs, outputs, api_name=False, **runs)
+        self.stop_btn.click(None, None, None, cancels=[run_event, enter_event])
         self.check_btn.click(
             self.check,
             [self.last, self.temperature],
             [self.verdict, self.spec_text, self.plain_text],
             api_name="lossless",
+            concurrency_id="lossless-check",
+            concurrency_limit=MAX_CHECKS,
         )
 
     # --- handlers ----------------------------------------------------------------
@@ -113,15 +121,22 @@ class RunPanel:
         # a single output: skip() leaves the prompt as it is when the dropdown is cleared
         return self.by_label[label].prompt if label in self.by_label else gr.skip()
 
-    async def run(self, text: str, temp: float, n_tokens: float) -> AsyncIterator[Updates]:
+    async def run(self, text: str, temp: float, n_tokens: float, request: gr.Request) -> AsyncIterator[Updates]:
         # a replay plays the recorded request for this prompt, or the next one (live: the prompt itself)
-        text = self.backend.replay_prompt(text or "")
+        text = self.backend.replay_prompt(text if isinstance(text, str) else "")
         problem = check_run(text, temp, n_tokens) or self._not_ready()
         if problem:
             yield {self.view: token_view_value([], message=problem, level="warn")}
             return
-        async for updates in self._stream(text, int(n_tokens), float(temp)):
-            yield updates
+        visitor = self.ctx.visitor(request)
+        if refusal := self.ctx.runs.take(visitor):
+            yield {self.view: token_view_value([], message=refusal, level="warn")}
+            return
+        try:
+            async for updates in self._stream(text, int(n_tokens), float(temp)):
+                yield updates
+        finally:
+            self.ctx.runs.give_back(visitor)
 
     def _not_ready(self) -> str | None:
         st = self.backend.status()
@@ -138,28 +153,31 @@ class RunPanel:
         yield {self.view: token_view_value([], streaming=True, prompt=text)}  # at once: the request is on its way
         try:
             stream = self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid)
-            async for batch in paced(stream, MIN_UPDATE_S):
-                new = [item for item in batch if isinstance(item, Step)]
-                steps += new
-                times += [(s.t, len(s.emitted)) for s in new]
-                results = [item for item in batch if isinstance(item, RequestResult)]
-                if results:
-                    final = self._finished(results[-1], text, times)
-                    # the last tokens first, without the request's two charts (drawing them held the
-                    # page for a step), then the whole result: an API caller's last message is complete
-                    yield {c: v for c, v in final.items() if c not in (self.hist, self.pos)}
-                    yield final
-                elif new:
-                    yield {
-                        self.view: token_view_value(steps, streaming=True, prompt=text),
-                        self.card: card_markdown(None, steps),
-                        self.step_times: times,
-                        self.request_id: rid,
-                    }
+            # aclosing: Stop (Gradio closes this generator) closes the stream now, and vLLM aborts the request
+            async with contextlib.aclosing(paced(stream, MIN_UPDATE_S)) as batches:
+                async for batch in batches:
+                    new = [item for item in batch if isinstance(item, Step)]
+                    steps += new
+                    times += [(s.t, len(s.emitted)) for s in new]
+                    results = [item for item in batch if isinstance(item, RequestResult)]
+                    if results:
+                        final = self._finished(results[-1], text, times)
+                        # the last tokens first, without the request's two charts (drawing them held the
+                        # page for a step), then the whole result: an API caller's last message is complete
+                        yield {c: v for c, v in final.items() if c not in (self.hist, self.pos)}
+                        yield final
+                    elif new:
+                        yield {
+                            self.view: token_view_value(steps, streaming=True, prompt=text),
+                            self.card: card_markdown(None, steps),
+                            self.step_times: times,
+                            self.request_id: rid,
+                        }
         except Exception as e:  # the page says what went wrong, and keeps what streamed
             what = "The request ended early" if steps else "The engine refused the request"
+            message = self.ctx.shown(f"{what}: {e}")
             yield {
-                self.view: token_view_value(steps, prompt=text, message=f"{what}: {e}", level="error"),
+                self.view: token_view_value(steps, prompt=text, message=message, level="error"),
                 self.step_times: times,
             }
 
@@ -176,11 +194,32 @@ class RunPanel:
             self.request_id: result.request_id,
         }
 
-    async def check(self, result: RequestResult | None, temp: float) -> AsyncIterator[Updates]:
+    async def check(self, result: RequestResult | None, temp: float, request: gr.Request) -> AsyncIterator[Updates]:
         """The same prompt with speculation off (a second engine), compared token for token."""
         if result is None:
             yield {self.verdict: "Run a prompt first; the check repeats it with speculation off."}
             return
+        # a second engine is the presenter's to start on a public page (anyone's on loopback)
+        may_start = not self.ctx.exposure.public or self.ctx.refusal(request) is None
+        twin = self.backend.twin_status(may_start)
+        if twin.state != "ready" and not may_start:
+            note = f" (last: {twin.note})" if twin.note else ""
+            yield {
+                self.verdict: "✕ The speculation-off engine is not running, and on this public page only the "
+                f"presenter may start it: it is a second engine, with a second copy of the target in memory{note}."
+            }
+            return
+        visitor = self.ctx.visitor(request)
+        if refusal := self.ctx.runs.take(visitor):
+            yield {self.verdict: f"✕ {refusal}"}
+            return
+        try:
+            async for updates in self._check(result, temp, may_start):
+                yield updates
+        finally:
+            self.ctx.runs.give_back(visitor)
+
+    async def _check(self, result: RequestResult, temp: float, may_start: bool) -> AsyncIterator[Updates]:
         yield {
             self.verdict: "Running the same prompt with speculation off (the first check starts a second "
             "engine, about half a minute)…",
@@ -190,12 +229,16 @@ class RunPanel:
         plain = None
         try:
             async for item in self.backend.stream(
-                result.prompt, max_tokens=len(result.token_ids), temperature=float(temp), reference=True
+                result.prompt,
+                max_tokens=len(result.token_ids),
+                temperature=float(temp),
+                reference=True,
+                may_start_reference=may_start,
             ):
                 if isinstance(item, RequestResult):
                     plain = item
         except Exception as e:  # any failure: the page says why the check did not run
-            yield {self.verdict: f"The check could not run: {e}"}
+            yield {self.verdict: f"The check could not run: {self.ctx.shown(str(e))}"}
             return
         verdict = compare(result, plain, float(temp))
         yield {

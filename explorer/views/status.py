@@ -2,8 +2,10 @@
 
 Contract: Markdown text from a ``Backend`` (engine_adapter.service.backend) or
 its records, nothing else:
-- ``status_markdown(backend)``: the line under the title (state, config, start
-  progress, a fault being recovered from; a replay's position instead);
+- ``status_markdown(backend, public)``: the line under the title (state, config, start
+  progress, a fault being recovered from, a restart someone asked for; a replay's position
+  instead); ``public``: for strangers, with no engine address or server path in it
+  (``for_visitors``);
 - ``replay_status_markdown(info)``: that line for a ``ReplayInfo`` (file,
   recorded config, position and length in m:ss, speed);
 - ``policy_status_markdown(view)``: the K policy in force, the cost model,
@@ -11,38 +13,60 @@ its records, nothing else:
 - ``acceptance_banner_markdown(status)``: the banner every page shows while a lossy
   acceptance rule is in force ("" under vLLM's lossless rule);
 - ``load_readout_markdown(backend, session)``: one session's background load
-  against everyone's (requests in flight, tokens per second) and the requests
-  running in the engine.
+  against everyone's (requests in flight, tokens per second), the requests
+  running in the engine, and whatever holds the load back or stopped it;
+- ``recording_banner_markdown(status, presenter)``: the notice every page shows while
+  ``--record`` writes the session, with its trouble for the presenter;
+- ``for_visitors(text)``: ``text`` without loopback URLs (the engine's port) or absolute
+  server paths (logs, caches), for a public page.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine_adapter.service.backend import Backend, ReplayInfo, ServiceStatus
+from engine_adapter.service.backend import Backend, RecordingStatus, ReplayInfo, ServiceStatus
 
 if TYPE_CHECKING:
     from engine_adapter.policy.live_state import PolicyView
 
 BAR_CELLS = 20  # characters of the start-progress bar
 RUNNING_WINDOW_S = 2.0  # "requests running in the engine": the largest batch in this many seconds
+LOOPBACK_URL = re.compile(r"https?://(?:127\.\d+\.\d+\.\d+|localhost|\[::1\]|0\.0\.0\.0)(?::\d+)?[^\s`'\"),]*")
+SERVER_PATH = re.compile(r"(?<![\w.:/])(?:/[\w.@+~-]+){2,}/?")
 
 
-def status_markdown(backend: Backend) -> str:
+def for_visitors(text: str) -> str:
+    """``text`` for a stranger: no engine address (its port) and no absolute path on the server."""
+    return SERVER_PATH.sub("(a file on the server: see the app's log)", LOOPBACK_URL.sub("its local address", text))
+
+
+def status_markdown(backend: Backend, public: bool = False) -> str:
+    line = _status_line(backend, public)
+    return for_visitors(line) if public else line
+
+
+def _status_line(backend: Backend, public: bool) -> str:
     if (info := backend.replay_info) is not None:  # a recorded session, no engine
         return replay_status_markdown(info)
     st = backend.status()
     what = _config_text(st, backend.policy_view() if st.state == "ready" else None)
     if st.acceptance.lossy:
         what += f", acceptance **{st.acceptance.describe()}**"
+    due = st.restart_due_in_s
+    pending = "" if due is None else f" A restart was asked for: it starts in {due:.0f} s."
     if st.state == "ready":
         # the watchdog brought it back (engine_adapter/service/watchdog.py)
-        return f"● **Engine ready** ({what}) at `{st.url}`." + (
-            f" Restarted by itself after: {st.fault}." if st.fault else ""
+        where = "" if public else f" at `{st.url}`"
+        return (
+            f"● **Engine ready** ({what}){where}."
+            + (f" Restarted by itself after: {st.fault}." if st.fault else "")
+            + pending
         )
     if st.state == "starting":
-        return _starting_markdown(st, what)
+        return _starting_markdown(st, what) + pending
     if st.state == "restarting":  # dead or hung; requests in flight ended with this message
         return f"⚠ **Engine down, restarting:** {st.error}"
     if st.state == "failed":
@@ -162,21 +186,60 @@ def _engine_running_markdown(backend: Backend) -> str:
     return engine
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _held_back(share: Any, state: str) -> str:
+    """Why this session's load is less than it asked, or stopped: the page always says."""
+    if share.ended:
+        return f" ⏹ Your background load stopped: {share.ended}."
+    if share.asked and state != "ready":
+        return f" ⏸ The engine is {state}: your {share.asked} requests start when it is ready."
+    if share.asked > share.granted:
+        caps = f"the cap of {share.cap} is shared by {_plural(share.visitors, 'visitor')}"
+        if share.visitor_cap is not None and share.granted >= min(share.asked, share.visitor_cap):
+            caps += f", and one visitor (all tabs and scripts from one address) gets at most {share.visitor_cap}"
+        return f" Granted {share.granted} of {share.asked}: {caps}."
+    return ""
+
+
 def load_readout_markdown(backend: Backend, session: str) -> str:
     st = backend.background_stats()
     share = backend.background_share(session)
     engine = _engine_running_markdown(backend)
-    if st is None or (share.total == 0 and st.in_flight == 0):
-        return f"No background load. {engine}"
+    why = _held_back(share, backend.status().state)
+    if (st is None or st.in_flight == 0) and share.total == 0:
+        return f"No background load. {engine}{why}"
     mine = (
         f"Your background load: **{share.asked}** requested, **{share.granted}** granted"
         if share.asked
         else "You ask for no background load"
     )
-    shared = f" (the cap of {share.cap} is shared by {share.sessions} session{'s' if share.sessions != 1 else ''})"
-    err = f" Last error: {st.last_error}" if st.last_error else ""
+    shared = f" (the cap of {share.cap} is shared by {_plural(share.sessions, 'session')})"
+    in_flight, done, failed = (st.in_flight, st.completed, st.failed) if st else (0, 0, 0)
+    err = f" Last error: {st.last_error}" if st and st.last_error else ""
+    stopped = f" The load stopped: {st.stopped}." if st and st.stopped else ""
     return (
-        f"{mine}{shared}. All sessions: **{st.in_flight}** in flight, {st.completed} done, "
-        f"{st.failed} failed; **{backend.background_tokens_per_second():.1f} tokens/s**. "
-        f"{engine}{err}"
+        f"{mine}{shared}. All sessions: **{in_flight}** in flight, {done} done, "
+        f"{failed} failed; **{backend.background_tokens_per_second():.1f} tokens/s**. "
+        f"{engine}{why}{stopped}{err}"
     )
+
+
+def recording_banner_markdown(rec: RecordingStatus | None, presenter: bool) -> str:
+    """The notice on every page while the session is recorded (``app.py --record``); the
+    presenter also sees why recording stopped, if it did."""
+    if rec is None:
+        return ""
+    if rec.active:
+        line = (
+            "⏺ **This session is recorded**: the prompts typed here, every request's tokens and the engine's "
+            "steps are written to a file on the server (the presenter's `--record`)."
+        )
+    else:
+        line = "⏺ This session was being recorded; recording has stopped."
+    if presenter and rec.error:
+        mib = f"{rec.bytes_written / 2**20:.1f} of {rec.max_bytes / 2**20:.0f} MiB"
+        line += "\n\n" + f"✕ Recording stopped: {rec.error} ({mib})."
+    return line

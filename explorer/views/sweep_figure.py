@@ -1,7 +1,9 @@
 """Sweep results: speedup versus concurrency, one curve per policy (pure; the panel is panels/sweep.py).
 
 Contract: ``read_sweep(path)`` reads a CSV written by ``python -m
-engine_adapter.sweep`` (checks the columns, says what is missing);
+engine_adapter.sweep`` (checks the columns, says what is missing, and refuses a
+file or table beyond ``MAX_SWEEP_BYTES``, ``MAX_SWEEP_ROWS``, ``MAX_SWEEP_COLUMNS``,
+``MAX_POLICIES`` and ``MAX_CATEGORIES``, saying which: an upload is a stranger's);
 ``sweep_figure(df)`` plots, per policy, total tokens/s divided by the
 ``off`` policy's at the same concurrency (and category) when ``off`` was
 measured, else absolute tokens/s; one panel per task category when the CSV
@@ -26,6 +28,11 @@ from plotly.subplots import make_subplots
 from engine_adapter.records import SWEEP_COLUMNS
 
 REQUIRED = SWEEP_COLUMNS
+MAX_SWEEP_BYTES = 1 << 20  # 1 MiB: the sweeps shipped are 1-6 KB
+MAX_SWEEP_ROWS = 5000
+MAX_SWEEP_COLUMNS = 64
+MAX_POLICIES = 24  # lines per panel
+MAX_CATEGORIES = 8  # panels
 
 
 @dataclass(frozen=True)
@@ -48,15 +55,33 @@ def shipped_sweeps(sweep_dir: Path) -> list[ShippedSweep]:
 
 
 def read_sweep(path: str | Path) -> pd.DataFrame:
+    name = Path(path).name
     try:
-        df = pd.read_csv(path)
+        size = Path(path).stat().st_size
+    except OSError as e:
+        raise ValueError(f"cannot read {name}: {e.strerror}") from None
+    if size > MAX_SWEEP_BYTES:
+        most = f"{MAX_SWEEP_BYTES >> 20} MiB"
+        raise ValueError(f"{name} is {size / 2**20:.1f} MiB; a sweep CSV here may be at most {most}")
+    try:  # one row more than allowed: enough to tell a table that is too long, never the whole of it
+        df = pd.read_csv(path, nrows=MAX_SWEEP_ROWS + 1)
     except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise ValueError(f"cannot read {Path(path).name} as CSV: {e}") from None
+        raise ValueError(f"cannot read {name} as CSV: {e}") from None
+    if len(df.columns) > MAX_SWEEP_COLUMNS:
+        raise ValueError(f"{name} has {len(df.columns)} columns; a sweep CSV has at most {MAX_SWEEP_COLUMNS}")
+    if len(df) > MAX_SWEEP_ROWS:
+        raise ValueError(f"{name} has more than {MAX_SWEEP_ROWS} rows; a sweep CSV here has at most that many")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise ValueError(f"{Path(path).name} is not a sweep CSV: missing column(s) {', '.join(missing)}")
+        raise ValueError(f"{name} is not a sweep CSV: missing column(s) {', '.join(missing)}")
     if df.empty:
-        raise ValueError(f"{Path(path).name} has no rows")
+        raise ValueError(f"{name} has no rows")
+    for column, most in (("policy", MAX_POLICIES), ("category", MAX_CATEGORIES)):
+        if column in df.columns and (n := df[column].nunique()) > most:
+            raise ValueError(f"{name} has {n} different values of {column}; at most {most} can be drawn")
+    numeric = ["concurrency", "total_tokens_per_s"]
+    if any(not pd.api.types.is_numeric_dtype(df[c]) for c in numeric):
+        raise ValueError(f"{name}: the columns {' and '.join(numeric)} must hold numbers")
     if "acceptance" in df.columns:  # a sweep of acceptance rules: each (policy, lossy rule) is a line of its own
         lossy = df["acceptance"].fillna("lossless") != "lossless"
         df.loc[lossy, "policy"] = df.loc[lossy, "policy"] + " " + df.loc[lossy, "acceptance"]

@@ -29,7 +29,7 @@ def test_fair_shares(asks, cap, expected):
 
 
 def test_sessions_ask_release_and_expire():
-    loads = SessionLoads(cap=64, idle_s=60)
+    loads = SessionLoads(cap=64, idle_s=60, visitor_cap=64)
     assert loads.set("a", 100, now=0) == 64  # clamped to the cap
     assert loads.set("b", 32, now=0) == 32
     assert loads.granted() == {"a": 32, "b": 32} and loads.total() == 64
@@ -40,3 +40,47 @@ def test_sessions_ask_release_and_expire():
     assert loads.expire(now=116) == ["a"]  # not seen for more than 60 s
     assert loads.granted() == {"c": 8}
     assert loads.set("c", 0, now=120) == 0 and loads.total() == 0
+
+
+@pytest.mark.parametrize(
+    "asks, visitor_cap, expected",
+    [
+        # one address opening many sessions gets what one visitor gets, however many it opens
+        ({("x", f"s{i}"): 64 for i in range(10)} | {("y", "t"): 64}, 16, {"x": 16, "y": 16}),
+        # under the cap a visitor's sessions share its part fairly
+        ({("x", "a"): 4, ("x", "b"): 20, ("y", "c"): 8}, 16, {"x": 16, "y": 8}),
+        # the cap is shared between visitors before it is shared between sessions
+        ({("x", f"s{i}"): 64 for i in range(5)} | {("y", "t"): 64}, 64, {"x": 32, "y": 32}),
+    ],
+)
+def test_visitors_share_first_then_their_sessions(asks, visitor_cap, expected):
+    loads = SessionLoads(cap=64, visitor_cap=visitor_cap)
+    for (visitor, session), n in asks.items():
+        loads.set(session, n, now=0, visitor=visitor)
+    grants = loads.granted()
+    per_visitor: dict[str, int] = {}
+    for (visitor, session), _ in asks.items():
+        per_visitor[visitor] = per_visitor.get(visitor, 0) + grants[session]
+    assert per_visitor == expected
+    of_x = {s: n for (v, s), n in asks.items() if v == "x"}
+    assert {s: grants[s] for s in of_x} == fair_shares(of_x, expected["x"])  # max-min fair within the visitor
+
+
+def test_a_presenter_is_not_held_to_the_visitor_cap():
+    loads = SessionLoads(cap=64, visitor_cap=16)
+    loads.set("p", 48, now=0, visitor="x", privileged=True)
+    loads.set("v", 64, now=0, visitor="y")
+    assert loads.granted() == {"p": 48, "v": 16}
+
+
+def test_a_load_not_asked_for_again_stops_and_says_why_while_polling_keeps_the_session():
+    loads = SessionLoads(cap=64, idle_s=120, max_age_s=3600)
+    loads.set("a", 8, now=0)
+    for t in range(60, 3600, 60):  # the page polls every minute: the session stays
+        loads.touch("a", t)
+        assert loads.expire(t) == []
+    loads.touch("a", 3660)
+    assert loads.expire(3660) == ["a"]
+    assert loads.total() == 0 and "move it to start the load again" in loads.ended["a"]
+    loads.set("a", 8, now=3700)  # moving the slider starts it again, renewed
+    assert loads.total() == 8 and "a" not in loads.ended

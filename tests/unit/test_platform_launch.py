@@ -50,6 +50,7 @@ def _head(dtype: str, batched: int) -> list[str]:
         "--host", "127.0.0.1", "--port", "8000", "--model", "/m/target", "--served-model-name", "target",
         "--dtype", dtype, "--max-model-len", "4096", "--max-num-seqs", "64",
         "--max-num-batched-tokens", str(batched), "--enable-chunked-prefill", "--stream-interval", "1", "--seed", "0",
+        "--allowed-origins", "[]",
     ]  # fmt: skip
 
 
@@ -565,8 +566,9 @@ def test_the_engine_process_passes_its_platform_everywhere(monkeypatch, tmp_path
     def check(config, *dirs, platform, **kw):
         seen.setdefault("resources", []).append(platform)
 
-    def env(config, tap, control, platform):
+    def env(config, tap, control, platform, api_key):
         seen["env"] = platform
+        seen["api_key"] = api_key
         return {}
 
     def popen(cmd, **kw):
@@ -584,4 +586,6 @@ def test_the_engine_process_passes_its_platform_everywhere(monkeypatch, tmp_path
     finally:
         proc.stop()
     assert seen["resources"] == [CUDA, CUDA] and seen["env"] is CUDA
+    # the server's key travels in its environment, never on its command line (any local user reads that)
+    assert len(seen["api_key"]) >= 32 and not any(seen["api_key"] in arg for arg in seen["cmd"])
     assert "--kv-cache-memory-bytes" in seen["cmd"] and GPU_IDLER in seen["cmd"]
