@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> None:
         # which otherwise walk them all (about 0.1 s idle, 0.5-0.9 s beside the engine on 2 cores) and
         # stall the page's event loop (the service freezes again once the engine is ready)
         gc.freeze()
-        launch_page(demo, args.host, args.port)
+        launch_page(demo, args.host, args.port, exposure)
     finally:
         if recorder is not None:
             recorder.close()

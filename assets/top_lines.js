@@ -12,6 +12,7 @@ async (status, banner) => {
       headers: { 'Content-Type': 'application/json' },
       body: JSON.stringify({ data: [] }),
     });
+    if (r.status === 429) return [status, banner]; // the app asks this address to slow down: next second
     if (!r.ok) throw new Error(`HTTP ${r.status}`);
     const { data } = await r.json(); // one output: the pair [status line, banner]
     const pair = Array.isArray(data) ? data[0] : null;

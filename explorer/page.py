@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import data_path, sweeps_dir
@@ -37,6 +38,7 @@ from explorer.panels.replay import build_replay_panel
 from explorer.panels.run import RunPanel
 from explorer.panels.sweep import build_sweep_panel
 from explorer.panels.visitors import Exposure
+from explorer.request_limits import VisitorRateLimit
 from explorer.views.live_charts import CHART_REFRESH_S
 
 TITLE = "Speculative decoding explorer"
@@ -91,8 +93,9 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
     return page
 
 
-def launch_page(page: gr.Blocks, host: str, port: int) -> None:
-    """Queue and serve the page until the server stops (blocks)."""
+def launch_page(page: gr.Blocks, host: str, port: int, exposure: Exposure) -> None:
+    """Queue and serve the page until the server stops (blocks), each visitor's request rate
+    bounded at the door (``explorer.request_limits``)."""
     # api_open=False: a queued event answers only through the queue (Gradio's /run route would run it
     # outside the queue, unbounded); the page's own plain requests (queue=False) stay as they are.
     # run_history=False: Gradio 6.31 otherwise keeps every visitor's runs, prompts and outputs, in the
@@ -100,7 +103,11 @@ def launch_page(page: gr.Blocks, host: str, port: int) -> None:
     # person), and re-reads and re-writes that whole history at every streamed step: at background
     # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
     page.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4, api_open=False).launch(
-        server_name=host, server_port=port, run_history=False, max_file_size=MAX_UPLOAD
+        server_name=host,
+        server_port=port,
+        run_history=False,
+        max_file_size=MAX_UPLOAD,
+        app_kwargs={"middleware": [Middleware(VisitorRateLimit, exposure=exposure)]},
     )
 
 

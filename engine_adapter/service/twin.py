@@ -104,6 +104,8 @@ class SpeculationOffTwin:
 
     async def _stop(self, why: str) -> None:
         engine, self._engine = self._engine, None
+        if engine is None:
+            return
         self.state, self.note = "off", f"stopped: {why}"
         if engine is not None:
             with contextlib.suppress(Exception):

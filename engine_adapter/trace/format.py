@@ -373,7 +373,8 @@ def _rebase(requests: list[RequestResult]) -> None:
 def read_session(path: str | Path) -> SessionTrace:
     """Read a session trace (or a recorder trace: its requests, no timeline). A malformed line
     raises ``ValueError`` naming the file and the line; only a cut-off LAST line is skipped, and
-    ``cut_line`` says so."""
+    ``cut_line`` says so. Lines of a type this reader does not know are passed over (a newer
+    writer's)."""
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
@@ -392,7 +393,9 @@ def read_session(path: str | Path) -> SessionTrace:
                 trace.cut_line = n  # a last line cut off by a killed app
                 break
             raise ValueError(f"{path}:{n}: not JSON ({e.msg})") from None
-        kind = d.get("type") if isinstance(d, dict) else None
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}:{n}: a line of a trace is a JSON object, not {type(d).__name__}")
+        kind = d.get("type")
         if trace is None:
             if kind != "run":
                 raise ValueError(f'{path}:{n}: a trace starts with a {{"type": "run"}} line')

@@ -65,6 +65,10 @@ def _vllm_version(status: ServiceStatus) -> str | None:
 DEFAULT_MAX_BYTES = 200 << 20
 
 
+def size_text(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
 class SessionRecorder:
     def __init__(
         self,
@@ -127,7 +131,7 @@ class SessionRecorder:
             except Exception as e:
                 self._give_up(f"the recorder failed ({type(e).__name__}: {e})")
             if self.error is None and self._writer.bytes >= self.max_bytes:
-                self._give_up(f"the file reached its size cap of {self.max_bytes / 2**20:.0f} MiB")
+                self._give_up(f"the file reached its size cap of {size_text(self.max_bytes)}")
 
     def _give_up(self, why: str) -> None:
         self.error = why

@@ -25,7 +25,7 @@ from typing import Any
 
 import gradio as gr
 from gradio.components import Component
-from gradio.data_classes import PlotData
+from gradio.components.plot import PlotData
 
 from engine_adapter.service.backend import Backend
 from explorer.panels.context import PageContext

@@ -4,7 +4,8 @@ Contract: ``build_sweep_panel(sweep_dir)`` adds, inside the enclosing
 ``gr.Blocks``, an accordion with the sweeps shipped in ``sweep_dir``
 (``engine_adapter.package_data.sweeps_dir()``, the index's first shown on
 load) and an upload for a CSV written by ``python -m engine_adapter.sweep``.
-API name: /sweep (a shipped file's name) -> (message, figure, table).
+API names: /sweep (a shipped file's name) -> (message, figure, table); /sweep_upload (a CSV file,
+bounded by ``sweep_figure.read_sweep``) -> the same.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ class SweepPanel:
             self.table = gr.Dataframe(table, interactive=False, elem_id="sweep-table")
         outputs = [self.message, self.plot, self.table]
         self.pick.change(self.show_shipped, self.pick, outputs, api_name="sweep")
-        self.upload.upload(self.show_upload, self.upload, outputs, api_name=False)
+        self.upload.upload(
+            self.show_upload, self.upload, outputs, api_name="sweep_upload", concurrency_id="sweep", concurrency_limit=2
+        )
 
     def _shipped(self, name: str | None) -> tuple[str, Any, Any]:
         """A shipped sweep, with the index's line about it."""

@@ -5,11 +5,13 @@ Contract:
   something other than loopback (every page is a stranger's); ``behind_proxy``: a Hugging Face
   Space (``SYSTEM=spaces``), whose proxy adds the visitor's address to ``X-Forwarded-For``.
   ``exposure_for(host)`` decides both from the bind address and the environment.
+- ``address_of(headers, peer, exposure)``: a visitor's address: on a Space the rightmost
+  ``X-Forwarded-For`` entry (the one the Space's proxy added; what a client put there itself
+  stands to its left), elsewhere the connection's ``peer`` (uvicorn takes it from
+  ``X-Forwarded-For`` only for a proxy on loopback, ``FORWARDED_ALLOW_IPS``).
 - ``visitor_of(request, exposure)``: the ``Visitor`` (``service.backend``) a Gradio request comes
-  from: its session and address (on a Space the rightmost ``X-Forwarded-For`` entry, the one the
-  Space's proxy added; elsewhere the connection's, which uvicorn takes from ``X-Forwarded-For``
-  only for a proxy on loopback). Sessions are made up by the client, so every bound that must
-  hold against a script counts addresses too.
+  from: its session and ``address_of``. Sessions are made up by the client, so every bound that
+  must hold against a script counts addresses too.
 - ``RunSlots(per_session, per_visitor)``: foreground runs in flight, at most ``per_session`` per
   session and ``per_visitor`` per address; ``take(visitor)`` returns None and holds a slot, or
   the refusal to show; ``give_back(visitor)`` frees it.
@@ -21,6 +23,7 @@ import ipaddress
 import os
 import threading
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import gradio as gr
@@ -56,18 +59,20 @@ def exposure_for(host: str) -> Exposure:
     return Exposure(public=not is_loopback(host) or on_a_space(), behind_proxy=on_a_space())
 
 
+def address_of(headers: Mapping[str, str], peer: str | None, exposure: Exposure) -> str:
+    if exposure.behind_proxy:
+        forwarded = [a.strip() for a in (headers.get("x-forwarded-for") or "").split(",") if a.strip()]
+        if forwarded:
+            return forwarded[-1]
+    return peer or "unknown"
+
+
 def visitor_of(request: gr.Request | None, exposure: Exposure, presenter: bool = False) -> Visitor:
     if request is None:  # called from Python, not over HTTP
         return Visitor("local", "local", presenter)
-    session = request.session_hash or "no-session"
-    address = ""
-    if exposure.behind_proxy:
-        forwarded = [a.strip() for a in (request.headers.get("x-forwarded-for") or "").split(",") if a.strip()]
-        address = forwarded[-1] if forwarded else ""
-    if not address:
-        client = getattr(request, "client", None)
-        address = getattr(client, "host", None) or "unknown"
-    return Visitor(session, address, presenter)
+    client = getattr(request, "client", None)
+    address = address_of(request.headers, getattr(client, "host", None), exposure)
+    return Visitor(request.session_hash or "no-session", address, presenter)
 
 
 class RunSlots:
@@ -88,13 +93,15 @@ class RunSlots:
                     "script from one address shares this limit): wait for one to finish."
                 )
             self._sessions[visitor.session] += 1
-            self._addresses[visitor.address] += 1
+            if not visitor.presenter:  # the presenter's runs do not use up the visitors' of its address
+                self._addresses[visitor.address] += 1
             return None
 
     def give_back(self, visitor: Visitor) -> None:
         with self._lock:
             self._sessions[visitor.session] -= 1
-            self._addresses[visitor.address] -= 1
+            if not visitor.presenter:
+                self._addresses[visitor.address] -= 1
             self._sessions += Counter()  # drops the zeros: the tables hold only running visitors
             self._addresses += Counter()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import json
+import time
 
 import pytest
 
@@ -112,3 +113,34 @@ def test_recorder_time_zero_is_when_the_engine_became_ready(tmp_path):
     trace = read_session(tmp_path / "rec.jsonl")
     assert rec.t0 == 10.0 and [s.t for s in trace.steps] == [pytest.approx(0.2)]
     assert trace.requests[0].t_start == pytest.approx(0.1)
+
+
+def _until_stopped(rec: SessionRecorder, timeout_s: float = 5.0) -> None:
+    t_end = time.monotonic() + timeout_s
+    while rec.status().active and time.monotonic() < t_end:
+        time.sleep(0.02)
+
+
+def test_recording_stops_at_its_size_cap_and_says_so(tmp_path):
+    svc = FakeService()
+    svc.state = "ready"
+    rec = SessionRecorder(svc, tmp_path / "rec.jsonl", poll_s=0.01, max_bytes=2000)
+    assert rec.status().active and rec.status().error is None
+    svc.steps += [engine_step(i, time.monotonic() + 0.01 * i) for i in range(1, 200)]
+    rec.start()
+    _until_stopped(rec)
+    status = rec.status()
+    rec.close()
+    assert not status.active and "size cap of 2.0 KiB" in status.error and status.bytes_written >= 2000
+    assert read_session(tmp_path / "rec.jsonl").steps  # what was written before the cap stays readable
+
+
+def test_a_failed_write_stops_recording_and_says_why():
+    svc = FakeService()
+    svc.state = "ready"
+    rec = SessionRecorder(svc, "/dev/full", poll_s=0.01)  # every write fails: no space left on device
+    rec.start()
+    _until_stopped(rec)
+    status = rec.status()
+    rec.close()
+    assert not status.active and "No space left on device" in status.error

@@ -72,9 +72,32 @@ def test_reader_copes_with_a_cut_last_line(tmp_path):
     path.write_text("\n".join(text) + '\n{"type":"engine_step","seq":99,"t":')
     trace = read_session(path)
     assert trace.summary is None and len(trace.steps) == 40 and len(trace.requests) == 1
+    assert trace.cut_line == len(text) + 1  # skipped, and said
     with pytest.raises(ValueError, match="starts with"):
         (tmp_path / "bad.jsonl").write_text('{"type": "request"}\n')
         read_session(tmp_path / "bad.jsonl")
+
+
+@pytest.mark.parametrize(
+    "bad_line, said",
+    [
+        ('{"type":"engine_step","seq":', "not JSON"),  # cut in the middle of the file: never dropped silently
+        ('{"type":"engine_step","seq":5}', "a malformed engine_step line"),
+        ('{"type":"load","t":"soon","concurrency":4}', "a malformed load line (ValueError"),
+        ('{"type":"request","steps":[{"emitted":[1]}]}', "a malformed request line (missing field 'accepted')"),
+        ('{"type":"policy"}', "a malformed policy line (missing field 't')"),
+        ("[1, 2, 3]", "a line of a trace is a JSON object, not list"),
+    ],
+)
+def test_a_bad_line_before_the_last_names_the_file_and_the_line(tmp_path, bad_line, said):
+    path = tmp_path / "s.jsonl"
+    write_trace(path)
+    lines = path.read_text().splitlines()
+    lines.insert(3, bad_line)
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError) as e:
+        read_session(path)
+    assert f"{path}:4: " in str(e.value) and said in str(e.value)
 
 
 def test_a_recorder_trace_replays_its_requests(tmp_path):

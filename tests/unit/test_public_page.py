@@ -1,0 +1,219 @@
+"""What a public page must hold by itself: the presenter's lock and its throttle, who a visitor is,
+per-visitor run slots and request rates, polls answered once per tick, text without server details."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from engine_adapter.service.backend import Visitor
+from explorer.panels.poll_cache import PollBound, TickCache
+from explorer.panels.presenter import MAX_WRONG_PER_MINUTE, KeyThrottle, Presenter
+from explorer.panels.visitors import Exposure, RunSlots, address_of, exposure_for, is_loopback
+from explorer.request_limits import Rate, TokenBuckets, VisitorRateLimit
+from explorer.views.status import for_visitors
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.mark.parametrize(
+    "host, public",
+    [("127.0.0.1", False), ("localhost", False), ("::1", False), ("127.0.1.1", False), ("0.0.0.0", True),
+     ("192.168.1.5", True), ("::", True), ("myhost.example", True)],
+)  # fmt: skip
+def test_public_means_anything_but_loopback(host, public, monkeypatch):
+    monkeypatch.delenv("SYSTEM", raising=False)
+    assert is_loopback(host) is not public
+    assert exposure_for(host) == Exposure(public=public, behind_proxy=False)
+
+
+def test_a_space_is_public_and_behind_its_proxy(monkeypatch):
+    monkeypatch.setenv("SYSTEM", "spaces")
+    assert exposure_for("0.0.0.0") == Exposure(public=True, behind_proxy=True)
+
+
+@pytest.mark.parametrize(
+    "forwarded, behind_proxy, expected",
+    [
+        ("203.0.113.9", True, "203.0.113.9"),
+        ("1.2.3.4, 203.0.113.9", True, "203.0.113.9"),  # what the client wrote itself stands to the left
+        ("", True, "10.0.0.1"),
+        ("1.2.3.4", False, "10.0.0.1"),  # off a Space the header is not ours to trust (uvicorn's rule applies)
+    ],
+)
+def test_a_visitors_address(forwarded, behind_proxy, expected):
+    headers = {"x-forwarded-for": forwarded} if forwarded else {}
+    assert address_of(headers, "10.0.0.1", Exposure(public=True, behind_proxy=behind_proxy)) == expected
+
+
+def test_without_a_key_everyone_may_act():
+    p = Presenter(None)
+    assert p.may_act("anyone") and p.refusal("anyone") is None
+
+
+def test_with_a_key_only_unlocked_sessions_act_and_a_closed_page_forgets():
+    p = Presenter("s3cret")
+    v = Visitor("s1", "10.0.0.1")
+    assert "locked by the presenter" in p.refusal("s1")
+    ok, said = p.unlock(v, "s3cret")
+    assert ok and "Unlocked" in said and p.may_act("s1") and not p.may_act("s2")
+    p.forget("s1")
+    assert not p.may_act("s1")
+
+
+def test_a_wrong_key_makes_the_next_attempt_wait_longer_each_time():
+    clock = Clock()
+    p = Presenter("s3cret", KeyThrottle(clock=clock))
+    v = Visitor("s1", "10.0.0.1")
+    waits = []
+    for _ in range(5):
+        ok, said = p.unlock(v, "guess")
+        assert not ok and "not the presenter key" in said
+        ok, said = p.unlock(v, "s3cret")  # even the right key waits its turn
+        assert not ok and "try again in" in said
+        waits.append(p.throttle.wait_s(["session:s1"]))
+        clock.t += waits[-1] + 0.01
+    assert waits == [1.0, 2.0, 4.0, 8.0, 16.0]
+
+
+def test_new_sessions_from_one_address_share_its_wait():
+    clock = Clock()
+    p = Presenter("s3cret", KeyThrottle(clock=clock))
+    p.unlock(Visitor("a", "10.0.0.9"), "guess")
+    ok, said = p.unlock(Visitor("b", "10.0.0.9"), "s3cret")
+    assert not ok and "try again" in said
+    ok, _ = p.unlock(Visitor("c", "10.0.0.10"), "s3cret")  # another address is not held up
+    assert ok
+
+
+def test_too_many_wrong_keys_on_the_server_make_everyone_wait_for_the_minute():
+    clock = Clock()
+    p = Presenter("s3cret", KeyThrottle(clock=clock))
+    for i in range(MAX_WRONG_PER_MINUTE):
+        p.unlock(Visitor(f"s{i}", f"10.1.{i}.1"), "guess")
+        clock.t += 0.1
+    ok, said = p.unlock(Visitor("fresh", "10.9.9.9"), "s3cret")
+    assert not ok and "try again" in said
+    clock.t += 61
+    assert p.unlock(Visitor("fresh", "10.9.9.9"), "s3cret")[0]
+
+
+def test_run_slots_one_per_session_a_few_per_address_presenter_unbounded_by_address():
+    slots = RunSlots(per_session=1, per_visitor=2)
+    a1, a2, a3 = (Visitor(f"s{i}", "10.0.0.1") for i in range(3))
+    assert slots.take(a1) is None
+    assert "already has a request running" in slots.take(a1)
+    assert slots.take(a2) is None
+    assert "from your address are already running" in slots.take(a3)
+    assert slots.take(Visitor("p", "10.0.0.1", presenter=True)) is None
+    slots.give_back(a1)
+    assert slots.take(a3) is None and slots.running() == 3
+
+
+def test_token_buckets_refuse_beyond_the_rate_and_refill():
+    clock = Clock()
+    buckets = TokenBuckets(clock)
+    rate = Rate(per_s=2.0, burst=4.0)
+    assert [buckets.take(("a", "polls"), rate) for _ in range(4)] == [0.0] * 4
+    assert buckets.take(("a", "polls"), rate) == pytest.approx(0.5)
+    assert buckets.take(("b", "polls"), rate) == 0.0  # another visitor has its own bucket
+    clock.t += 0.5
+    assert buckets.take(("a", "polls"), rate) == 0.0
+
+
+def test_the_middleware_answers_429_before_the_app_and_lets_the_page_through():
+    calls: list[str] = []
+
+    async def app(scope, receive, send):
+        calls.append(scope["path"])
+
+    limit = VisitorRateLimit(app, Exposure(public=True), kinds=(("/gradio_api/run/", "polls", Rate(1.0, 2.0)),))
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    def scope(path: str) -> dict:
+        return {"type": "http", "path": path, "headers": [], "client": ("10.0.0.1", 5000)}
+
+    async def run() -> None:
+        for _ in range(3):
+            await limit(scope("/gradio_api/run/top_lines"), None, send)
+        await limit(scope("/"), None, send)  # the page itself is never limited
+
+    asyncio.run(run())
+    assert calls == ["/gradio_api/run/top_lines"] * 2 + ["/"]
+    assert sent[0]["status"] == 429 and b"Too many polls" in sent[1]["body"] and limit.refused == 1
+
+
+def test_the_tick_cache_builds_once_for_many_concurrent_pollers():
+    cache = TickCache(ttl_s=10.0)
+    built = []
+
+    def build() -> int:
+        time.sleep(0.05)
+        built.append(1)
+        return 42
+
+    results: list[int] = []
+    threads = [threading.Thread(target=lambda: results.append(cache.get("k", build))) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [42] * 16 and len(built) == 1 and cache.builds == 1
+
+
+def test_the_tick_cache_builds_again_after_its_tick():
+    clock = Clock()
+    cache = TickCache(ttl_s=1.0, clock=clock)
+    assert cache.get("k", lambda: 1) == 1
+    assert cache.get("k", lambda: 2) == 1
+    clock.t += 1.5
+    assert cache.get("k", lambda: 3) == 3
+
+
+def test_the_poll_bound_turns_away_at_once_beyond_its_slots():
+    bound = PollBound(max_at_once=1)
+    with bound.slot() as first, bound.slot() as second:
+        assert first and not second
+    assert bound.refused == 1
+    with bound.slot() as again:
+        assert again
+
+
+@pytest.mark.parametrize(
+    "text, hidden",
+    [
+        ("could not reach the engine at http://127.0.0.1:43211 (it is not running)", "43211"),
+        ("vLLM failed to start: out of memory. Log: /tmp/spec-explorer-x1/vllm.log", "/tmp/"),
+        ("converting needs 5 GiB in /root/.cache/spec-explorer; free some space", "/root"),
+        ("● **Engine ready** (method **draft**) at `http://127.0.0.1:8000`.", "8000"),
+    ],
+)
+def test_text_for_visitors_names_no_port_and_no_path(text, hidden):
+    shown = for_visitors(text)
+    assert hidden not in shown and shown.split()[0] == text.split()[0]
+
+
+def test_text_for_visitors_keeps_ordinary_slashes():
+    text = "K 1/2, 3.5 GiB, tokens/s, docs/k-policies.md"
+    assert for_visitors(text) == text
+
+
+def test_a_request_without_http_is_the_local_visitor():
+    from explorer.panels.visitors import visitor_of
+
+    assert visitor_of(None, Exposure()) == Visitor("local", "local", False)
+    request = SimpleNamespace(session_hash="abc", headers={}, client=SimpleNamespace(host="10.2.3.4"))
+    assert visitor_of(request, Exposure(public=True)).address == "10.2.3.4"
