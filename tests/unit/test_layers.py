@@ -25,6 +25,7 @@ VOCABULARY = {
     "engine_adapter.acceptance_rule",
     "engine_adapter.prompts",
     "engine_adapter.package_data",
+    "engine_adapter.torch_extras",
 }
 PURE_POLICY = {"engine_adapter.policy.cost_model", "engine_adapter.policy.k_policy"}
 CLIS = {"engine_adapter.record", "engine_adapter.bench", "engine_adapter.sweep", "engine_adapter.sweep_targets"}
@@ -37,6 +38,7 @@ ALLOWED: dict[str, set[str]] = {
         "engine_adapter.acceptance",
         "engine_adapter.acceptance_rule",
         "engine_adapter.records",
+        "engine_adapter.torch_extras",
     }
     | PURE_POLICY,
     "engine": VOCABULARY
