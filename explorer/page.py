@@ -5,8 +5,10 @@ page, laid out from the panels in ``explorer.panels``; ``PageDefaults`` holds
 the engine config the page starts from (what "Apply engine settings" changes),
 the presenter lock, how the page is reached (``Exposure``: public or not, behind a
 Space's proxy), the ``--record`` status and the generation sliders' start values.
-``launch_page(page, host, port)`` queues and launches it with the bounds a public
-page needs (``QUEUE_SIZE``, ``MAX_UPLOAD``, Gradio's file cache cleaned). One timer (API
+``build_page`` gives an ``ExplorerPage``: the blocks and the routes the HTTP door answers
+itself (``explorer.request_limits``: the status line every page fetches each second).
+``launch_page(page, host, port, exposure)`` queues and launches it with the bounds a public
+page needs (``QUEUE_SIZE``, ``MAX_UPLOAD``, Gradio's file cache cleaned, per-visitor rates). One timer (API
 /charts, every ``CHART_REFRESH_S``) refreshes the load panel's live chart and readout
 and the K-policy panel together, sent by the page between two steps of its own request
 (``assets/chart_gate.js``). It reads only what
@@ -29,7 +31,7 @@ from engine_adapter.prompts import Preset
 from engine_adapter.service.backend import Backend, RecordingStatus
 from explorer.panels.acceptance import build_acceptance_panel
 from explorer.panels.context import PageContext
-from explorer.panels.engine import EnginePanel
+from explorer.panels.engine import TOP_LINES_PATH, EnginePanel
 from explorer.panels.export import build_csv_export
 from explorer.panels.load import LoadPanel
 from explorer.panels.policy import PolicyPanel, build_policy_panel
@@ -38,7 +40,7 @@ from explorer.panels.replay import build_replay_panel
 from explorer.panels.run import RunPanel
 from explorer.panels.sweep import build_sweep_panel
 from explorer.panels.visitors import Exposure
-from explorer.request_limits import VisitorRateLimit
+from explorer.request_limits import VisitorGate
 from explorer.views.live_charts import CHART_REFRESH_S
 
 TITLE = "Speculative decoding explorer"
@@ -52,6 +54,12 @@ FILE_CACHE_CLEANUP = (3600, 3600)
 
 
 @dataclass(frozen=True)
+class ExplorerPage:
+    blocks: gr.Blocks
+    routes: dict[str, Callable[[], Any]]  # path -> what the HTTP door answers there (JSON), without Gradio
+
+
+@dataclass(frozen=True)
 class PageDefaults:
     config: EngineConfig
     presenter: Presenter = field(default_factory=Presenter)
@@ -61,7 +69,7 @@ class PageDefaults:
     temperature: float = 0.0
 
 
-def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaults) -> gr.Blocks:
+def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaults) -> ExplorerPage:
     ctx = PageContext(backend, defaults.presenter, defaults.exposure, defaults.recording)
     engine = EnginePanel(ctx, defaults.config)
     run = RunPanel(ctx, presets, defaults.max_tokens, defaults.temperature)
@@ -90,10 +98,10 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
         engine.wire()
         load.wire(page)
         wire_chart_timer(load, policy, run)
-    return page
+    return ExplorerPage(page, {TOP_LINES_PATH: engine.top_lines})
 
 
-def launch_page(page: gr.Blocks, host: str, port: int, exposure: Exposure) -> None:
+def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) -> None:
     """Queue and serve the page until the server stops (blocks), each visitor's request rate
     bounded at the door (``explorer.request_limits``)."""
     # api_open=False: a queued event answers only through the queue (Gradio's /run route would run it
@@ -102,12 +110,13 @@ def launch_page(page: gr.Blocks, host: str, port: int, exposure: Exposure) -> No
     # browser's localStorage (shown at /gradio_api/runs: on a shared workshop laptop, to the next
     # person), and re-reads and re-writes that whole history at every streamed step: at background
     # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
-    page.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4, api_open=False).launch(
+    gate = Middleware(VisitorGate, exposure=exposure, routes=page.routes)
+    page.blocks.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4, api_open=False).launch(
         server_name=host,
         server_port=port,
         run_history=False,
         max_file_size=MAX_UPLOAD,
-        app_kwargs={"middleware": [Middleware(VisitorRateLimit, exposure=exposure)]},
+        app_kwargs={"middleware": [gate]},
     )
 
 

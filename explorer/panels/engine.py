@@ -12,8 +12,9 @@ refresh tick for every page (``ctx.ticks``); on a public page they name no engin
 server path.
 
 API names: /apply (method, K) -> status line (the presenter's); /status -> status line;
-/acceptance_banner -> the banners; /top_lines -> both (not queued: the page's timer
-fetches it every second, ``assets/top_lines.js``).
+/acceptance_banner -> the banners. ``top_lines()`` is both, the same for every page, which
+the page's timer fetches every second from ``TOP_LINES_PATH`` (``assets/top_lines.js``), a
+route the HTTP door answers without Gradio (``explorer.request_limits``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ METHOD_LABELS = MappingProxyType(
     {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)", "draft": "draft model", "suffix": "suffix tree"}
 )
 MAX_K = 8  # the K slider's top (EngineConfig.validate allows more)
+TOP_LINES_PATH = "/explorer/top_lines"
 
 
 class EnginePanel:
@@ -42,7 +44,7 @@ class EnginePanel:
         self.config = config
 
     def build_status(self) -> gr.Markdown:
-        self.banner = gr.Markdown(self._banners(None), elem_id="lossy-banner")
+        self.banner = gr.Markdown(self._banners(), elem_id="lossy-banner")
         self.status = gr.Markdown(self._status(), elem_id="engine-status")
         return self.status
 
@@ -69,10 +71,9 @@ class EnginePanel:
             concurrency_limit=ENGINE_CHANGES_AT_ONCE,
         )
         # one timer for both lines, whose tick runs in the page only (assets/top_lines.js fetches
-        # /top_lines): an event with a backend function costs the page's main thread at each of its
+        # TOP_LINES_PATH): an event with a backend function costs the page's main thread at each of its
         # messages (Gradio updates the loading state of every component), and the token view waits
-        gr.api(self.top_lines, api_name="top_lines", queue=False)
-        top_lines_js = (assets_dir() / "top_lines.js").read_text()
+        top_lines_js = (assets_dir() / "top_lines.js").read_text().replace("__TOP_LINES_PATH__", TOP_LINES_PATH)
         gr.Timer(1.0).tick(None, [self.status, self.banner], [self.status, self.banner], js=top_lines_js)
         gr.api(self.status_line, api_name="status", queue=False)
         gr.api(self.banner_line, api_name="acceptance_banner", queue=False)
@@ -80,23 +81,17 @@ class EnginePanel:
     def _status(self) -> str:
         return status_markdown(self.backend, public=self.ctx.exposure.public)
 
-    def _banners(self, request: gr.Request | None) -> str:
+    def _banners(self) -> str:
         lossy = acceptance_banner_markdown(self.backend.status())
-        rec = self.ctx.recording() if self.ctx.recording else None
-        presenter = request is not None and self.ctx.presenter.enabled and self.ctx.refusal(request) is None
-        recorded = recording_banner_markdown(rec, presenter)
-        return "\n\n".join(part for part in (lossy, recorded) if part)
+        recorded = recording_banner_markdown(self.ctx.recording() if self.ctx.recording else None)
+        return self.ctx.shown("\n\n".join(part for part in (lossy, recorded) if part))
 
-    def top_lines(self, request: gr.Request) -> tuple[str, str]:
-        """The status line and the banners, built once per tick for every page (the presenter's
-        view of the recording's trouble apart)."""
-        status = self.ctx.ticks.get("status", self._status)
-        if self.ctx.recording is not None and self.ctx.presenter.enabled and self.ctx.refusal(request) is None:
-            return status, self._banners(request)
-        return status, self.ctx.ticks.get("banners", lambda: self._banners(None))
+    def top_lines(self) -> list[str]:
+        """[the status line, the banners], built once per tick for every page."""
+        return [self.ctx.ticks.get("status", self._status), self.ctx.ticks.get("banners", self._banners)]
 
-    def banner_line(self, request: gr.Request) -> str:
-        return self.top_lines(request)[1]
+    def banner_line(self) -> str:
+        return self.top_lines()[1]
 
     def status_line(self) -> str:
         """The status line now (for API callers and tests: not the tick's copy), unless every poll

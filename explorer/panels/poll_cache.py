@@ -3,7 +3,8 @@
 Contract: ``TickCache(ttl_s)``; ``get(key, build)`` returns what ``build()`` gave for ``key``
 less than ``ttl_s`` ago, else builds it, once: concurrent callers of one key wait for that one
 build instead of repeating it (a page's poll then costs a dictionary lookup, however many pages
-or scripts poll). Keys are any hashable; entries older than ``KEEP_TTLS`` ticks are dropped.
+or scripts poll). Keys are any value (one that is not hashable, a list, is keyed by its ``repr``);
+entries older than ``KEEP_TTLS`` ticks are dropped.
 ``PollBound(max_at_once)``: ``with bound.slot() as ok:`` is True for at most ``max_at_once``
 callers at a time and False at once for the others, who answer from what is cached (nothing
 waits: the handlers run in Gradio's thread pool, shared with every other handler).
@@ -44,7 +45,8 @@ class TickCache:
             entry = self._entries.get(key)
         return entry[1] if entry else None
 
-    def get(self, key: Hashable, build: Callable[[], T]) -> T:
+    def get(self, key: Any, build: Callable[[], T]) -> T:
+        key = _hashable(key)
         with self._lock:
             fresh, value = self._fresh(key)
             if fresh:
@@ -64,6 +66,14 @@ class TickCache:
                     del self._entries[old]
                     self._building.pop(old, None)
             return value
+
+
+def _hashable(key: Any) -> Hashable:
+    try:
+        hash(key)
+    except TypeError:
+        return repr(key)
+    return key
 
 
 class PollBound:

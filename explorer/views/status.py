@@ -15,8 +15,8 @@ its records, nothing else:
 - ``load_readout_markdown(backend, session)``: one session's background load
   against everyone's (requests in flight, tokens per second), the requests
   running in the engine, and whatever holds the load back or stopped it;
-- ``recording_banner_markdown(status, presenter)``: the notice every page shows while
-  ``--record`` writes the session, with its trouble for the presenter;
+- ``recording_banner_markdown(status)``: the notice every page shows while ``--record``
+  writes the session, and why it stopped if it did (the app's log has the whole error);
 - ``for_visitors(text)``: ``text`` without loopback URLs (the engine's port) or absolute
   server paths (logs, caches), for a public page.
 """
@@ -227,19 +227,16 @@ def load_readout_markdown(backend: Backend, session: str) -> str:
     )
 
 
-def recording_banner_markdown(rec: RecordingStatus | None, presenter: bool) -> str:
-    """The notice on every page while the session is recorded (``app.py --record``); the
-    presenter also sees why recording stopped, if it did."""
+def recording_banner_markdown(rec: RecordingStatus | None) -> str:
+    """The notice on every page while the session is recorded (``app.py --record``), and why
+    recording stopped, if it did."""
     if rec is None:
         return ""
     if rec.active:
-        line = (
+        return (
             "⏺ **This session is recorded**: the prompts typed here, every request's tokens and the engine's "
             "steps are written to a file on the server (the presenter's `--record`)."
         )
-    else:
-        line = "⏺ This session was being recorded; recording has stopped."
-    if presenter and rec.error:
-        mib = f"{rec.bytes_written / 2**20:.1f} of {rec.max_bytes / 2**20:.0f} MiB"
-        line += "\n\n" + f"✕ Recording stopped: {rec.error} ({mib})."
-    return line
+    if rec.error:
+        return f"⏺ This session was being recorded; **recording stopped**: {rec.error}."
+    return "⏺ This session was being recorded; recording has stopped."

@@ -128,10 +128,10 @@ def test_html_and_script_in_the_prompt_render_as_text(page):
 
 
 def test_the_status_line_says_when_the_app_stops_answering(page):
-    """The status line's timer runs in the page (assets/top_lines.js fetches /top_lines): while the
+    """The status line's timer runs in the page (assets/top_lines.js fetches /explorer/top_lines): while the
     app does not answer, the line keeps its last text under a warning; when it answers, the warning goes."""
     status = page.locator("#engine-status")
-    page.route("**/gradio_api/run/top_lines", lambda route: route.fulfill(status=503, body="down"))
+    page.route("**/explorer/top_lines", lambda route: route.fulfill(status=503, body="down"))
     try:
         page.wait_for_function(
             "() => document.querySelector('#engine-status').innerText.includes('not answering')", timeout=10_000
@@ -142,7 +142,7 @@ def test_the_status_line_says_when_the_app_stops_answering(page):
         page.wait_for_timeout(2500)
         assert status.inner_text().count("not answering") == 1
     finally:
-        page.unroute("**/gradio_api/run/top_lines")
+        page.unroute("**/explorer/top_lines")
     page.wait_for_function(
         "() => !document.querySelector('#engine-status').innerText.includes('not answering')", timeout=10_000
     )

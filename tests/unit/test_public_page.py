@@ -14,7 +14,7 @@ from engine_adapter.service.backend import Visitor
 from explorer.panels.poll_cache import PollBound, TickCache
 from explorer.panels.presenter import MAX_WRONG_PER_MINUTE, KeyThrottle, Presenter
 from explorer.panels.visitors import Exposure, RunSlots, address_of, exposure_for, is_loopback
-from explorer.request_limits import Rate, TokenBuckets, VisitorRateLimit
+from explorer.request_limits import NEW_SESSIONS, SESSION_POLLS, Rate, TokenBuckets, VisitorGate
 from explorer.views.status import for_visitors
 
 
@@ -131,29 +131,84 @@ def test_token_buckets_refuse_beyond_the_rate_and_refill():
     assert buckets.take(("a", "polls"), rate) == 0.0
 
 
-def test_the_middleware_answers_429_before_the_app_and_lets_the_page_through():
-    calls: list[str] = []
+class Door:
+    """A ``VisitorGate`` in front of a stand-in app that records what reached it (and its body)."""
 
-    async def app(scope, receive, send):
-        calls.append(scope["path"])
+    def __init__(self, **kw) -> None:
+        self.reached: list[tuple[str, bytes]] = []
+        self.sent: list[dict] = []
 
-    limit = VisitorRateLimit(app, Exposure(public=True), kinds=(("/gradio_api/run/", "polls", Rate(1.0, 2.0)),))
-    sent: list[dict] = []
+        async def app(scope, receive, send):
+            body = b""
+            while True:
+                m = await receive()
+                body += m.get("body", b"")
+                if not m.get("more_body"):
+                    break
+            self.reached.append((scope["path"], body))
 
-    async def send(message):
-        sent.append(message)
+        self.gate = VisitorGate(app, Exposure(public=True), **kw)
 
-    def scope(path: str) -> dict:
-        return {"type": "http", "path": path, "headers": [], "client": ("10.0.0.1", 5000)}
+    def call(self, path: str, body: dict | None = None, address: str = "10.0.0.1") -> int:
+        import json
 
-    async def run() -> None:
-        for _ in range(3):
-            await limit(scope("/gradio_api/run/top_lines"), None, send)
-        await limit(scope("/"), None, send)  # the page itself is never limited
+        raw = json.dumps(body).encode() if body is not None else b""
+        messages = [{"type": "http.request", "body": raw, "more_body": False}]
 
-    asyncio.run(run())
-    assert calls == ["/gradio_api/run/top_lines"] * 2 + ["/"]
-    assert sent[0]["status"] == 429 and b"Too many polls" in sent[1]["body"] and limit.refused == 1
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message):
+            self.sent.append(message)
+
+        scope = {
+            "type": "http",
+            "method": "POST" if body is not None else "GET",
+            "path": path,
+            "headers": [],
+            "client": (address, 5000),
+        }
+        before = len(self.sent)
+        asyncio.run(self.gate(scope, receive, send))
+        starts = [m for m in self.sent[before:] if m["type"] == "http.response.start"]
+        return starts[0]["status"] if starts else 200
+
+
+def test_the_door_answers_its_own_routes_without_the_app():
+    door = Door(routes={"/explorer/top_lines": lambda: ["status", "banner"]})
+    assert door.call("/explorer/top_lines") == 200 and door.reached == []
+    assert door.sent[-1]["body"] == b'["status", "banner"]'
+
+
+def test_a_poll_reaches_the_app_with_its_body_and_a_sessions_polls_are_bounded(monkeypatch):
+    monkeypatch.setattr("explorer.request_limits.TARPIT_S", 0.0)
+    door = Door()
+    body = {"data": [], "session_hash": "page1"}
+    codes = [door.call("/gradio_api/run/charts", body) for _ in range(int(SESSION_POLLS.burst) + 2)]
+    assert codes[: int(SESSION_POLLS.burst)] == [200] * int(SESSION_POLLS.burst) and codes[-1] == 429
+    assert door.reached[0] == ("/gradio_api/run/charts", b'{"data": [], "session_hash": "page1"}')
+    assert door.call("/gradio_api/run/charts", {"data": [], "session_hash": "page2"}) == 200  # another page
+    assert door.call("/", None) == 200  # the page itself is never limited
+
+
+def test_made_up_sessions_from_one_address_are_bounded(monkeypatch):
+    monkeypatch.setattr("explorer.request_limits.TARPIT_S", 0.0)
+    door = Door()
+    n = int(NEW_SESSIONS.burst)
+    codes = [door.call("/gradio_api/run/charts", {"data": [], "session_hash": f"s{i}"}) for i in range(n + 3)]
+    assert codes[:n] == [200] * n and set(codes[n:]) == {429}
+    no_session = door.call("/gradio_api/run/charts", {"data": []})  # a new session each time, for Gradio
+    assert no_session == 429 and door.gate.refused["new sessions"] == 4
+    assert door.call("/gradio_api/run/charts", {"data": []}, address="10.0.0.2") == 200  # another address
+
+
+def test_a_request_over_its_rate_is_held_before_its_429(monkeypatch):
+    monkeypatch.setattr("explorer.request_limits.TARPIT_S", 0.2)
+    door = Door(kinds=(("/gradio_api/run/", "polls", Rate(0.5, 1.0)),))
+    assert door.call("/gradio_api/run/x", {"data": [], "session_hash": "a"}) == 200
+    t = time.monotonic()
+    assert door.call("/gradio_api/run/x", {"data": [], "session_hash": "a"}) == 429
+    assert time.monotonic() - t >= 0.2  # a flood's thread waits instead of spinning
 
 
 def test_the_tick_cache_builds_once_for_many_concurrent_pollers():
@@ -172,6 +227,12 @@ def test_the_tick_cache_builds_once_for_many_concurrent_pollers():
     for t in threads:
         t.join()
     assert results == [42] * 16 and len(built) == 1 and cache.builds == 1
+
+
+def test_the_tick_cache_takes_keys_that_are_not_hashable():
+    cache = TickCache(ttl_s=10.0)
+    key = ("auto", ((1, 2), [[1, 64, 3]]))  # a K table's rows are lists
+    assert cache.get(key, lambda: 1) == 1 and cache.get(key, lambda: 2) == 1
 
 
 def test_the_tick_cache_builds_again_after_its_tick():

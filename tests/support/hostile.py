@@ -1,0 +1,121 @@
+"""Hostile clients and their controls, as separate processes (tests and scripts/soak.py run them).
+
+    python -m tests.support.hostile flood URL [--threads 12] [--seconds 20]
+    python -m tests.support.hostile burn --cores F [--seconds 20]
+
+``flood`` polls what an open page's timers call (the status line, ``/explorer/top_lines``, and the
+charts, ``/gradio_api/run/charts``) from ``--threads`` threads as fast as the app answers, each
+call naming no session (Gradio builds a new one for each), and prints a JSON line: calls, answers by HTTP
+status, and the CPU seconds this process used. ``burn`` keeps ``--cores`` cores busy (a duty
+cycle per process) for as long: the flood's own CPU, spent on nothing, to tell what the app's
+answers cost the engine from what the flooding process itself takes. Both stop by themselves.
+``engine_servers(app_pid)``: the vLLM servers an app started, (pid, port, is the speculation-off
+twin); ``presenter_key(log_text)``: the key an app made itself on a public bind, from its log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import multiprocessing
+import re
+import threading
+import time
+
+import httpx
+import psutil
+
+CHARTS_DATA = [None, None, None, None, True]  # /charts' inputs: four session states (ignored), the draw flag
+
+
+def presenter_key(log_text: str) -> str | None:
+    m = re.search(r"locked behind the key (\S+) ", log_text)
+    return m.group(1) if m else None
+
+
+def engine_servers(app_pid: int) -> list[tuple[int, int, bool]]:
+    """(pid, port, twin) of each vLLM server under the app (the supervisor's child)."""
+    found = []
+    for proc in psutil.Process(app_pid).children(recursive=True):
+        try:
+            cmd = proc.cmdline()
+        except psutil.Error:
+            continue
+        program = cmd[cmd.index("-m") + 1] if "-m" in cmd else None  # not its supervisor, which names it too
+        if program == "engine_adapter.vllm_plugin.server_main" and "--port" in cmd:
+            port = int(cmd[cmd.index("--port") + 1])
+            found.append((proc.pid, port, "--speculative-config" not in cmd))
+    return found
+
+
+def flood(url: str, threads: int, seconds: float) -> dict:
+    statuses: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+    deadline = time.monotonic() + seconds
+
+    def worker(i: int) -> None:
+        with httpx.Client(base_url=url, timeout=10.0) as http:
+            n = i
+            while time.monotonic() < deadline:
+                n += 1
+                try:
+                    if n % 2:
+                        status = str(http.get("/explorer/top_lines").status_code)
+                    else:
+                        status = str(http.post("/gradio_api/run/charts", json={"data": CHARTS_DATA}).status_code)
+                except httpx.HTTPError as e:
+                    status = type(e).__name__
+                with lock:
+                    statuses[status] += 1
+
+    cpu0 = psutil.Process().cpu_times()
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    cpu1 = psutil.Process().cpu_times()
+    cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    return {"calls": sum(statuses.values()), "statuses": dict(statuses), "cpu_s": round(cpu, 2), "seconds": seconds}
+
+
+def _duty(share: float, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    period = 0.01
+    while time.monotonic() < deadline:
+        start = time.monotonic()
+        while time.monotonic() - start < period * share:
+            pass
+        time.sleep(period * (1.0 - share))
+
+
+def burn(cores: float, seconds: float) -> dict:
+    n = max(1, int(cores + 0.999))
+    procs = [multiprocessing.Process(target=_duty, args=(min(cores / n, 1.0), seconds)) for _ in range(n)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(seconds + 10)
+        if p.is_alive():
+            p.kill()
+    return {"cores": cores, "processes": n, "seconds": seconds}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    f = sub.add_parser("flood")
+    f.add_argument("url")
+    f.add_argument("--threads", type=int, default=12)
+    f.add_argument("--seconds", type=float, default=20.0)
+    b = sub.add_parser("burn")
+    b.add_argument("--cores", type=float, required=True)
+    b.add_argument("--seconds", type=float, default=20.0)
+    args = p.parse_args()
+    result = flood(args.url, args.threads, args.seconds) if args.what == "flood" else burn(args.cores, args.seconds)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
