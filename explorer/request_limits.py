@@ -12,10 +12,12 @@ address its proxy forwarded, else the connection's) and, where it names one, its
 - a session the gate has not seen before, per address (``NEW_SESSIONS``): Gradio builds every
   new session's state from the page's whole config, so made-up sessions are the costly ones.
 
-A request over a rate is held for the time its bucket needs (at most ``TARPIT_S``; a flood's
-threads then wait instead of spinning) and answered 429 with a sentence in JSON; beyond
-``MAX_HELD`` held at once, at once. Everything else (the page, its assets) passes untouched.
-The rates leave room for a classroom behind one address: a page polls about twice a second.
+The rates hold on a public page (``exposure.public``); on loopback (one person's machine, or the
+tests) the gate only answers its routes. A request over a rate is held for the time its bucket
+needs (at most ``TARPIT_S``; a flood's threads then wait instead of spinning) and answered 429
+with a sentence in JSON; beyond ``MAX_HELD`` held at once, at once. Everything else (the page,
+its assets) passes untouched. The rates leave room for a classroom behind one address: a page
+polls about twice a second.
 """
 
 from __future__ import annotations
@@ -114,9 +116,11 @@ class VisitorGate:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())}
         address = address_of(headers, (scope.get("client") or ("unknown", 0))[0], self.exposure)
         if path in self.routes:
-            if wait := self.buckets.take((address, "lines"), LINES):
+            if self.exposure.public and (wait := self.buckets.take((address, "lines"), LINES)):
                 return await self._refuse(send, "status requests", wait)
             return await _json(send, 200, self.routes[path]())
+        if not self.exposure.public:
+            return await self.app(scope, receive, send)
         kind = next(((k, rate) for prefix, k, rate in self.kinds if path.startswith(prefix)), None)
         session, receive = await self._session_of(scope, path, receive)
         if session == ANONYMOUS or (session is not None and session not in self.sessions):

@@ -1,10 +1,14 @@
 """Soak the launched explorer with simulated users, then check nothing leaked.
 
-    .venv/bin/python scripts/soak.py [--users 20] [--duration 600] [--seed 0]
+    .venv/bin/python scripts/soak.py [--users 20] [--hostile 0] [--duration 600] [--seed 0] [--public]
         (--url http://127.0.0.1:PORT --pid APP_PID | -- APP ARGS...)
 
-Without --url it launches ``app.py`` (127.0.0.1, a free port) with the app
-arguments after ``--`` (default: the packaged pair) and stops it at the end.
+Without --url it launches ``app.py`` (a free port; on 0.0.0.0 with ``--public`` or any hostile
+user, reached through 127.0.0.1) with the app arguments after ``--`` (default: the packaged
+pair) and stops it at the end. Each user is a visitor of its own (``X-Forwarded-For``, which the
+app's server takes from a client on loopback). ``--hostile N`` makes N of the users strangers
+(``tests.support.hostile.HostileUser``: flooding the polls, guessing the presenter key, calling the
+locked endpoints, uploading an oversized CSV, opening many sessions).
 Each user is a ``gradio_client`` session that, until the deadline, picks at
 random: run a preset prompt (16-48 tokens), move its load slider (0-8), poll
 the live charts like an open page does, or close its tab (the client's
@@ -12,7 +16,10 @@ heartbeat ends: Gradio's unload fires) and come back as a new session.
 Everything is bounded: loopback only, --duration seconds of actions, then every
 user leaves; the script waits up to --drain-s for the background load to end.
 
-Report (JSON last line): requests served, errors by kind, background requests
+Report (JSON last line): requests served, the well-behaved users' errors by kind (the hostile
+users' outcomes apart), their step-to-screen latency (each streamed update's arrival at the
+client after the engine step it shows, ``data-t``: one clock, one machine; p50/p95), whether the
+engine-wide settings were the same at the end, background requests
 still running in the engine after everyone left (must be 0; read from vLLM's
 own /metrics), the app process's memory (RSS, with its children) at the start
 (after --baseline-after of the run, a quarter by default, once every user has
@@ -43,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from engine_adapter.engine.prometheus import parse_metrics  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
 from tests.support.app_process import AppNotReady, AppProcess, engine_ready, start_app, wait_ready  # noqa: E402
+from tests.support.hostile import HostileUser, engine_servers  # noqa: E402
 
 CLIENT_TIMEOUT_S = 120.0  # a page waits for a busy server; httpx's default 5 s would count it as an error
 
@@ -52,9 +60,23 @@ def app_rss_mib(pid: int) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
 
 
-def engine_url(status: str) -> str | None:
-    m = re.search(r"at `(http://127\.0\.0\.1:\d+)`", status)
-    return m.group(1) if m else None
+def engine_url(pid: int) -> str | None:
+    """The app's vLLM server (its process, as a public page names no address)."""
+    ports = [port for _, port, twin in engine_servers(pid) if not twin]
+    return f"http://127.0.0.1:{ports[0]}" if ports else None
+
+
+def settings_of(status: str) -> str:
+    """The engine-wide settings in a status line: method and K policy (or K)."""
+    m = re.search(r"\((method \*\*[^)]*\))", status)
+    return m.group(1) if m else status
+
+
+def newest_step_t(view: object) -> float | None:
+    """The engine time (``Step.t``) of the newest step a token view's value shows."""
+    html = view.get("html", "") if isinstance(view, dict) else ""
+    times = [float(t) for t in re.findall(r'data-t="([0-9.]+)"', html)]
+    return max(times) if times else None
 
 
 def engine_requests(url: str) -> tuple[float, float]:
@@ -64,9 +86,11 @@ def engine_requests(url: str) -> tuple[float, float]:
 
 
 class User(threading.Thread):
-    def __init__(self, n: int, url: str, deadline: float, seed: int, prompts: list[str], tally) -> None:
+    def __init__(self, n: int, url: str, deadline: float, seed: int, prompts: list[str], tally, latencies) -> None:
         super().__init__(name=f"user-{n}", daemon=True)
         self.url, self.deadline, self.prompts, self.tally = url, deadline, prompts, tally
+        self.latencies = latencies  # seconds from an engine step to its arrival here, appended
+        self.address = f"10.{n // 250}.{n % 250}.1"
         self.rng = random.Random(seed * 1000 + n)
 
     def run(self) -> None:
@@ -75,10 +99,7 @@ class User(threading.Thread):
             action = self.rng.choices(["run", "load", "poll", "close"], weights=[4, 3, 4, 1])[0]
             try:
                 if action == "run":
-                    _view, _card, _h, _p, trace = client.predict(
-                        self.rng.choice(self.prompts), 0.0, self.rng.choice([16, 32, 48]), api_name="/run"
-                    )
-                    self.tally("served" if trace else "run_refused")
+                    self.tally("served" if self._run(client) else "run_refused")
                 elif action == "load":
                     said = client.predict(self.rng.randint(0, 8), api_name="/set_load")
                     self.tally("load_set" if not said.startswith("✕") else "load_refused")
@@ -97,10 +118,27 @@ class User(threading.Thread):
         if client is not None:
             client.close()  # everyone leaves at the end
 
+    def _run(self, client: Client) -> bool:
+        """One request, streamed as the page gets it; True if it was served."""
+        job = client.submit(self.rng.choice(self.prompts), 0.0, self.rng.choice([16, 32, 48]), api_name="/run")
+        last = None
+        for out in job:
+            t = newest_step_t(out[0])
+            if t is not None:
+                self.latencies.append(time.monotonic() - t)
+            last = out
+        result = job.outputs()[-1] if job.outputs() else last
+        return bool(result and result[4])
+
     def _connect(self) -> Client | None:
         for _ in range(5):
             try:
-                return Client(self.url, verbose=False, httpx_kwargs={"timeout": CLIENT_TIMEOUT_S})
+                return Client(
+                    self.url,
+                    verbose=False,
+                    headers={"x-forwarded-for": self.address},
+                    httpx_kwargs={"timeout": CLIENT_TIMEOUT_S},
+                )
             except Exception as e:
                 self.tally(f"error: connect: {type(e).__name__}")
                 time.sleep(2.0)
@@ -108,23 +146,40 @@ class User(threading.Thread):
 
 
 def soak(
-    url: str, pid: int, users: int, duration: float, seed: int, drain_s: float, baseline_after: float = 0.25
+    url: str,
+    pid: int,
+    users: int,
+    duration: float,
+    seed: int,
+    drain_s: float,
+    baseline_after: float = 0.25,
+    hostile: int = 0,
 ) -> dict:
     counts: collections.Counter[str] = collections.Counter()
+    bad: collections.Counter[str] = collections.Counter()
+    latencies: list[float] = []
     lock = threading.Lock()
 
     def tally(kind: str) -> None:
         with lock:
             counts[kind] += 1
 
-    probe = Client(url, verbose=False)
-    status = probe.predict(api_name="/status")
-    engine = engine_url(status)
+    def tally_hostile(kind: str) -> None:
+        with lock:
+            bad[kind] += 1
+
+    probe = Client(url, verbose=False, headers={"x-forwarded-for": "10.255.255.1"})
+    settings = settings_of(probe.predict(api_name="/status"))
+    engine = engine_url(pid)
     probe.predict("Warm up.", 0.0, 8, api_name="/run")
-    probe.close()
     prompts = [p.prompt for p in load_presets()]
+    big_csv = Path(tempfile.mkdtemp(prefix="soak-")) / "big.csv"
+    big_csv.write_text("policy,concurrency\n" + "off,1\n" * 400_000)  # 2.4 MB: over the upload cap
     deadline = time.monotonic() + duration
-    crowd = [User(n, url, deadline, seed, prompts, tally) for n in range(users)]
+    crowd: list[threading.Thread] = [
+        User(n, url, deadline, seed, prompts, tally, latencies) for n in range(users - hostile)
+    ]
+    crowd += [HostileUser(n, url, deadline, seed, tally_hostile, str(big_csv)) for n in range(hostile)]
     for u in crowd:
         u.start()
     # the baseline is taken once every user has been served a while (first sessions, caches,
@@ -141,10 +196,19 @@ def soak(
             break
         time.sleep(2.0)
     rss1 = app_rss_mib(pid)
+    settings_after = settings_of(probe.predict(api_name="/status"))
+    probe.close()
     errors = {k[7:]: v for k, v in counts.items() if k.startswith("error: ")}
+    lat = sorted(latencies)
     report = {
         "users": users,
+        "hostile": hostile,
         "duration_s": duration,
+        "latency_ms_p50": round(1000 * lat[len(lat) // 2], 1) if lat else None,
+        "latency_ms_p95": round(1000 * lat[int(len(lat) * 0.95)], 1) if lat else None,
+        "latency_samples": len(lat),
+        "hostile_outcomes": dict(bad),
+        "settings_unchanged": settings_after == settings,
         "served": counts["served"],
         "refused": counts["run_refused"],
         "load_moves": counts["load_set"],
@@ -158,12 +222,20 @@ def soak(
         "app_rss_mib_end": round(rss1, 1),
         "app_rss_growth": round(rss1 / rss0 - 1, 4),
     }
-    report["ok"] = left == (0.0, 0.0) and report["app_rss_growth"] < 0.10 and report["served"] > 0 and not errors
+    report["ok"] = (
+        left == (0.0, 0.0)
+        and report["app_rss_growth"] < 0.10
+        and report["served"] > 0
+        and not errors
+        and report["settings_unchanged"]
+        and not bad["settings_changed"]
+    )
     return report
 
 
-def launch(app_args: list[str]) -> AppProcess:
-    app = start_app(app_args, Path(tempfile.mkdtemp(prefix="soak-")) / "app.log")
+def launch(app_args: list[str], public: bool) -> AppProcess:
+    host = ["--host", "0.0.0.0"] if public else []  # reached through 127.0.0.1 all the same
+    app = start_app([*app_args, *host], Path(tempfile.mkdtemp(prefix="soak-")) / "app.log")
     try:
         wait_ready(app, engine_ready, timeout_s=900, poll_s=2.0)
     except AppNotReady as e:
@@ -178,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--users", type=int, default=20)
+    p.add_argument("--hostile", type=int, default=0, help="how many of the users are hostile (implies --public)")
+    p.add_argument("--public", action="store_true", help="launch the app on 0.0.0.0, as a Space or a workshop")
     p.add_argument("--duration", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drain-s", type=float, default=180.0, help="how long the load may take to stop after all leave")
@@ -198,10 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--url needs --pid (the app's process, for its memory)")
         url, pid = args.url, args.pid
     else:
-        app = launch(app_args)
+        app = launch(app_args, public=args.public or args.hostile > 0)
         url, pid = app.url, app.proc.pid
     try:
-        report = soak(url, pid, args.users, args.duration, args.seed, args.drain_s, args.baseline_after)
+        report = soak(url, pid, args.users, args.duration, args.seed, args.drain_s, args.baseline_after, args.hostile)
     finally:
         if app is not None:
             app.stop()

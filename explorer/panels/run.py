@@ -72,7 +72,9 @@ class RunPanel:
             self.temperature = gr.Slider(
                 0.0, SLIDER_MAX_TEMPERATURE, value=self.default_temperature, step=0.05, label="Temperature"
             )
-            self.max_tokens = gr.Slider(8, MAX_TOKENS, value=self.default_max_tokens, step=8, label="Max tokens")
+            self.max_tokens = gr.Slider(
+                8, MAX_TOKENS, value=self.default_max_tokens, step=8, label="Max tokens", elem_id="max-tokens"
+            )
 
     def build_outputs(self) -> None:
         self.view = TokenView(elem_id="token-view")

@@ -11,6 +11,7 @@ cycle per process) for as long: the flood's own CPU, spent on nothing, to tell w
 answers cost the engine from what the flooding process itself takes. Both stop by themselves.
 ``engine_servers(app_pid)``: the vLLM servers an app started, (pid, port, is the speculation-off
 twin); ``presenter_key(log_text)``: the key an app made itself on a public bind, from its log.
+``HostileUser``: a soak's stranger (scripts/soak.py --hostile), a thread.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ import argparse
 import collections
 import json
 import multiprocessing
+import random
 import re
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import psutil
+from gradio_client import Client
 
 CHARTS_DATA = [None, None, None, None, True]  # /charts' inputs: four session states (ignored), the draw flag
 
@@ -119,3 +123,88 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+LOCKED_CALLS: tuple[tuple[str, tuple], ...] = (
+    ("/apply", ("ngram", 2)),
+    ("/set_policy", ("off", 0, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 64, 0]]})),
+    ("/profile", ()),
+    ("/set_acceptance", ("relaxed", 5, 0.2, 0.1, 0.2)),
+)
+
+
+class HostileUser(threading.Thread):
+    """A stranger who tries what the page must hold against, until ``deadline``: floods the polls,
+    guesses the presenter key, calls the locked engine-wide endpoints, uploads an oversized CSV,
+    opens many sessions asking for the whole background load. ``tally(kind)`` counts what
+    happened; ``settings_changed`` is what must never be counted."""
+
+    def __init__(self, n: int, url: str, deadline: float, seed: int, tally: Callable[[str], None], big_csv: str):
+        super().__init__(name=f"hostile-{n}", daemon=True)
+        self.url, self.deadline, self.tally, self.big_csv = url, deadline, tally, big_csv
+        self.address = f"203.0.113.{n + 1}"
+        self.rng = random.Random(seed * 7919 + n)
+
+    def client(self) -> Client:
+        return Client(self.url, verbose=False, headers={"x-forwarded-for": self.address})
+
+    def run(self) -> None:
+        actions = {
+            "flood": self.flood,
+            "guess": self.guess,
+            "locked": self.locked,
+            "upload": self.upload,
+            "sessions": self.sessions,
+        }
+        while time.monotonic() < self.deadline:
+            name = self.rng.choice(list(actions))
+            try:
+                actions[name]()
+            except Exception as e:  # the app refusing a hostile client is expected; counted by kind
+                self.tally(f"hostile {name} refused: {type(e).__name__}")
+            time.sleep(self.rng.uniform(0.1, 1.0))
+
+    def flood(self) -> None:
+        headers = {"x-forwarded-for": self.address}
+        with httpx.Client(base_url=self.url, timeout=10.0, headers=headers) as http:
+            for i in range(40):
+                if i % 2:
+                    status = http.get("/explorer/top_lines").status_code
+                else:
+                    status = http.post("/gradio_api/run/charts", json={"data": CHARTS_DATA}).status_code
+                self.tally(f"hostile poll {status}")
+
+    def guess(self) -> None:
+        c = self.client()
+        try:
+            for _ in range(3):
+                said = c.predict(f"guess-{self.rng.random()}", api_name="/unlock")[0]
+                self.tally("hostile guess held" if "try again" in said else "hostile guess wrong")
+        finally:
+            c.close()
+
+    def locked(self) -> None:
+        c = self.client()
+        try:
+            api, args = self.rng.choice(LOCKED_CALLS)
+            said = c.predict(*args, api_name=api)
+            self.tally("hostile locked refused" if "locked by the presenter" in said else "settings_changed")
+        finally:
+            c.close()
+
+    def upload(self) -> None:
+        from gradio_client import handle_file
+
+        c = self.client()
+        try:
+            c.predict(handle_file(self.big_csv), api_name="/sweep_upload")
+            self.tally("hostile upload accepted")
+        finally:
+            c.close()
+
+    def sessions(self) -> None:
+        opened = [self.client() for _ in range(5)]
+        for c in opened:
+            c.predict(64, api_name="/set_load")
+            self.tally("hostile session asked 64")
+        # abandoned without closing their tabs: the idle expiry ends their load

@@ -6,7 +6,9 @@ Screenshots go to ``screenshots/`` (look at them after a run).
 from __future__ import annotations
 
 import re
+import time
 
+import httpx
 import pytest
 
 from tests.support.app_process import CHROMIUM_ARGS
@@ -228,3 +230,38 @@ def test_changing_the_method_restarts_the_engine_visibly(page):
         "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('ab ab ab')", timeout=60_000
     )
     page.wait_for_selector("#token-view .tv-footer", timeout=60_000)
+
+
+def _engine_running(page) -> float:
+    """vLLM's own count of requests running (its /metrics; the app on loopback names its address)."""
+    url = re.search(r"at `(http://127\.0\.0\.1:\d+)`", page.locator("#engine-status").inner_text().replace("\n", " "))
+    assert url, "the status line on loopback names the engine's address"
+    metrics = httpx.get(f"{url.group(1)}/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running")
+    )
+
+
+def test_enter_then_stop_ends_the_run_in_vllm(page):
+    """A run started with the prompt's Enter (not the Run button) is stopped by Stop, in vLLM too."""
+    page.locator("#max-tokens input[type=number]").fill("1000")
+    page.locator("#max-tokens input[type=number]").press("Enter")
+    prompt = page.locator("#prompt textarea")
+    prompt.fill("Write a long story about a lighthouse keeper.")  # about 570 tokens on the tiny pair
+    prompt.press("Enter")
+    page.wait_for_selector("#token-view .tv-text .k-prefill", timeout=60_000)
+    deadline = time.monotonic() + 10
+    while _engine_running(page) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _engine_running(page) >= 1, "the request ended before Stop could be pressed"
+    page.locator("#stop").click()
+    stopped_at = time.monotonic()
+    while _engine_running(page) > 0 and time.monotonic() - stopped_at < 5:
+        time.sleep(0.1)
+    assert _engine_running(page) == 0, "Stop left the request running in vLLM"
+    steps = page.locator("#token-view .tv-step").count()
+    time.sleep(1.0)
+    assert page.locator("#token-view .tv-step").count() == steps, "tokens kept coming after Stop"
+    page.screenshot(path=str(SHOTS / "5-enter-then-stop.png"), full_page=False)
+    page.locator("#max-tokens input[type=number]").fill("128")
+    page.locator("#max-tokens input[type=number]").press("Enter")
