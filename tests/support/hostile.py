@@ -28,7 +28,6 @@ from collections.abc import Callable
 
 import httpx
 import psutil
-from gradio_client import Client
 
 CHARTS_DATA = [None, None, None, None, True]  # /charts' inputs: four session states (ignored), the draw flag
 
@@ -145,7 +144,9 @@ class HostileUser(threading.Thread):
         self.address = f"203.0.113.{n + 1}"
         self.rng = random.Random(seed * 7919 + n)
 
-    def client(self) -> Client:
+    def client(self):  # a gradio_client.Client (imported here: the flood's process has no use for it)
+        from gradio_client import Client
+
         return Client(self.url, verbose=False, headers={"x-forwarded-for": self.address})
 
     def run(self) -> None:

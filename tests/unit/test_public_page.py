@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from engine_adapter.service.backend import Visitor
+from engine_adapter.service.backend import RecordingStatus, Visitor
 from explorer.panels.poll_cache import PollBound, TickCache
 from explorer.panels.presenter import MAX_WRONG_PER_MINUTE, KeyThrottle, Presenter
 from explorer.panels.visitors import Exposure, RunSlots, address_of, exposure_for, is_loopback
 from explorer.request_limits import NEW_SESSIONS, SESSION_POLLS, Rate, TokenBuckets, VisitorGate
-from explorer.views.status import for_visitors
+from explorer.views.status import for_visitors, recording_banner_markdown
 
 
 class Clock:
@@ -278,3 +278,29 @@ def test_a_request_without_http_is_the_local_visitor():
     assert visitor_of(None, Exposure()) == Visitor("local", "local", False)
     request = SimpleNamespace(session_hash="abc", headers={}, client=SimpleNamespace(host="10.2.3.4"))
     assert visitor_of(request, Exposure(public=True)).address == "10.2.3.4"
+
+
+def test_the_csv_export_folder_keeps_only_the_newest_files(tmp_path):
+    import os
+
+    from explorer.panels.export import prune
+
+    for i in range(12):
+        f = tmp_path / f"live_charts_{i}.csv"
+        f.write_text("t\n")
+        os.utime(f, (1000 + i, 1000 + i))
+    assert prune(tmp_path, keep=8) == 4
+    assert sorted(p.name for p in tmp_path.glob("*.csv")) == sorted(f"live_charts_{i}.csv" for i in range(4, 12))
+
+
+@pytest.mark.parametrize(
+    "status, says",
+    [
+        (None, ""),
+        (RecordingStatus(True, None, 10, 100), "This session is recorded"),
+        (RecordingStatus(False, "the file reached its size cap of 200 MiB", 100, 100), "recording stopped**: the file"),
+    ],
+)
+def test_every_page_says_when_the_session_is_recorded_and_why_it_stopped(status, says):
+    shown = recording_banner_markdown(status)
+    assert (says in shown) if says else shown == ""
