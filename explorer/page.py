@@ -1,19 +1,18 @@
 """The explorer page (Gradio 6): prompt in, provenance-coloured tokens out, live.
 
-Contract: ``build_page(backend, presets, defaults)`` returns the ``gr.Blocks``
-page, laid out from the panels in ``explorer.panels``; ``PageDefaults`` holds
+Contract: ``build_page(backend, presets, defaults)`` returns an ``ExplorerPage``: the
+``gr.Blocks`` page, laid out from the panels in ``explorer.panels``, and the routes the HTTP
+door answers itself (``explorer.request_limits``: the status line every page fetches each
+second). ``PageDefaults`` holds
 the engine config the page starts from (what "Apply engine settings" changes),
 the presenter lock, how the page is reached (``Exposure``: public or not, behind a
 Space's proxy), the ``--record`` status and the generation sliders' start values.
-``build_page`` gives an ``ExplorerPage``: the blocks and the routes the HTTP door answers
-itself (``explorer.request_limits``: the status line every page fetches each second).
 ``launch_page(page, host, port, exposure)`` queues and launches it with the bounds a public
-page needs (``QUEUE_SIZE``, ``MAX_UPLOAD``, Gradio's file cache cleaned, per-visitor rates). One timer (API
-/charts, every ``CHART_REFRESH_S``) refreshes the load panel's live chart and readout
-and the K-policy panel together, sent by the page between two steps of its own request
-(``assets/chart_gate.js``). It reads only what
-the ``Backend`` (``engine_adapter.service.backend``) returns; it never parses
-vLLM's wire format.
+page needs (``QUEUE_SIZE``, ``MAX_UPLOAD``, ``SESSION_CAPACITY``, Gradio's file cache cleaned,
+per-visitor rates). One timer (API /charts, every ``CHART_REFRESH_S``) refreshes the load
+panel's live chart and readout and the K-policy panel together, sent by the page between two
+steps of its own request (``assets/chart_gate.js``). It reads only what the ``Backend``
+(``engine_adapter.service.backend``) returns; it never parses vLLM's wire format.
 """
 
 from __future__ import annotations
@@ -48,6 +47,9 @@ INTRO = f"# {TITLE}\nEvery token below is coloured by where it came from, as the
 
 
 QUEUE_SIZE = 64  # events waiting in Gradio's queue, all visitors together; more are told the app is busy
+# sessions whose state Gradio keeps (its default 10,000): each holds a copy of the page's whole config, and a
+# script can make sessions freely; the least recently used go first (an open page uses its own every 2 s)
+SESSION_CAPACITY = 1000
 MAX_UPLOAD = "1mb"  # the largest file a visitor may upload (a sweep CSV; the shipped ones are 1-6 KB)
 # Gradio's copies of files sent and received (uploads, CSV exports): every hour, those over an hour old go
 FILE_CACHE_CLEANUP = (3600, 3600)
@@ -116,6 +118,7 @@ def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) ->
         server_port=port,
         run_history=False,
         max_file_size=MAX_UPLOAD,
+        state_session_capacity=SESSION_CAPACITY,
         app_kwargs={"middleware": [gate]},
     )
 

@@ -179,8 +179,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--drop-events",
         default="",
-        help="an experiment: the page's events with these API names (comma-separated, e.g. charts, "
-        "top_lines for the status line) are never sent to the app, to measure what they cost the token view",
+        help="an experiment: the page's events with these API names (comma-separated, e.g. charts; "
+        "top_lines: the status line's fetch) are never sent to the app, to measure what they cost the token view",
     )
     p.add_argument("--log", default=None, help="the app's log file (default: a temporary file)")
     return p.parse_args(argv)
@@ -328,9 +328,12 @@ def drop_events(page: Any, url: str, api_names: list[str]) -> None:
     """Answer the page's calls of these events ourselves, so the app never runs them: a queued event's join
     (a timer whose tick never completes does not tick again: Gradio's trigger_mode "once"), a plain
     (queue=False) event's request with "no change" for each output, and a fetch of the endpoint by name
-    (the status line's timer fetches /top_lines itself) with 503."""
+    (the status line's timer fetches it from the app's HTTP door, ``top_lines``) with 503."""
     deps = httpx.get(f"{url}/config", timeout=10).json()["dependencies"]
     chosen = {d["id"]: d for d in deps if d.get("api_name") in api_names}
+    if "top_lines" in api_names:  # not a Gradio event: the page fetches it from the app's HTTP door
+        page.route("**/explorer/top_lines", lambda route: route.fulfill(status=503, body="dropped"))
+        api_names = [n for n in api_names if n != "top_lines"]
     missing = set(api_names) - {d.get("api_name") for d in deps}
     if missing:
         raise RuntimeError(f"--drop-events: no event named {sorted(missing)}")
