@@ -52,7 +52,7 @@ from engine_adapter.engine.start_log import ProgressFn, StartProgress, explain_f
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import PROJECT_ROOT
-from engine_adapter.vllm_plugin.paths import SERVER_MODULE
+from engine_adapter.vllm_plugin.paths import SERVER_MODULE, STARTUP_DIR
 from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 
@@ -109,9 +109,11 @@ def engine_env(
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.reserved_cpus)
     env["HF_HUB_OFFLINE"] = "1"  # models are local directories by now
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-    # the engine core must import engine_adapter.vllm_plugin (its schedulers and worker)
+    # the engine core must import engine_adapter.vllm_plugin (its schedulers and worker); every Python
+    # process of the engine runs STARTUP_DIR's sitecustomize.py first (torch's mismatched companions
+    # hidden before transformers is imported, in the subprocesses vLLM starts by module name too)
     root = str(PROJECT_ROOT)
-    env["PYTHONPATH"] = ":".join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = ":".join(p for p in (str(STARTUP_DIR), root, env.get("PYTHONPATH", "")) if p)
     if config.tap:
         # the plugin (tap scheduler, verifier and idle-drafter workers) is written against Model
         # Runner V1, whose runner has the ``drafter``; vLLM 0.32 picks V2 on CUDA for draft_model

@@ -8,7 +8,9 @@ the platform's worker with the acceptance rules and the exact-drafts report
 ``LAZY_KV_WORKER`` the ``--worker-cls`` of any other CPU launch (every CPU worker of the plugin
 maps its KV cache instead of writing it, ``lazy_kv_cache.py``, and loads its models on every core,
 ``loading_cores.py``). ``SERVER_MODULE`` is the module vLLM's OpenAI server runs as
-(``python -m SERVER_MODULE ARGS``, ``server_main.py``).
+(``python -m SERVER_MODULE ARGS``, ``server_main.py``). ``STARTUP_DIR`` is the folder put first on
+the engine's ``PYTHONPATH``, whose ``sitecustomize.py`` every Python process of the engine runs at
+start (``startup/sitecustomize.py``).
 There is one worker class per platform (``workers_cpu.py``, ``workers_gpu.py``), chosen
 here by the platform the launch names, never at import time. The app's process never
 imports vLLM (it would cost seconds and memory at every start), so the paths are written
@@ -18,10 +20,14 @@ class it is meant to (``class_path(cls)`` of the class itself).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 _PACKAGE = __name__.rsplit(".", 1)[0]  # engine_adapter.vllm_plugin
 
 # python -m SERVER_MODULE <server_args>: vLLM's OpenAI server under a main module that imports nothing
 SERVER_MODULE = f"{_PACKAGE}.server_main"
+# every Python process of the engine imports startup/sitecustomize.py first (vLLM's subprocesses included)
+STARTUP_DIR = Path(__file__).resolve().with_name("startup")
 TAP_SCHEDULER = f"{_PACKAGE}.schedulers.TapScheduler"
 TAP_ASYNC_SCHEDULER = f"{_PACKAGE}.schedulers.TapAsyncScheduler"
 # vLLM's multiprocess executor whose engine core polls (after a 5 ms spin) while its worker runs (CPU launches)

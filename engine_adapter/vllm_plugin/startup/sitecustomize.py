@@ -1,0 +1,14 @@
+"""Run by Python at the start of every process vLLM's engine starts (``site`` imports
+``sitecustomize`` from the path): the launcher puts this folder first on the engine's
+``PYTHONPATH`` (``engine.launcher.engine_env``, ``paths.STARTUP_DIR``).
+
+It hides torch's companion packages whose build does not match torch
+(``engine_adapter.torch_extras``) before anything in the process imports transformers: vLLM's API
+server, its engine core and worker, and the subprocesses vLLM starts by module name (its model
+registry inspects each architecture in ``python -m vllm.model_executor.models.registry``, which
+imports transformers at once). Standard library only; a few milliseconds.
+"""
+
+from engine_adapter.torch_extras import hide_mismatched_torch_extras
+
+hide_mismatched_torch_extras()
