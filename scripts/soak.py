@@ -1,6 +1,6 @@
 """Soak the launched explorer with simulated users, then check nothing leaked.
 
-    .venv/bin/python scripts/soak.py [--users 20] [--hostile 0] [--duration 600] [--seed 0] [--public]
+    .venv/bin/python scripts/soak.py [--users 20] [--hostile 0 | --heavy 0] [--duration 600] [--seed 0] [--public]
         (--url http://127.0.0.1:PORT --pid APP_PID | -- APP ARGS...)
 
 Without --url it launches ``app.py`` (a free port; on 0.0.0.0 with ``--public`` or any hostile
@@ -8,7 +8,9 @@ user, reached through 127.0.0.1) with the app arguments after ``--`` (default: t
 pair) and stops it at the end. Each user is a visitor of its own (``X-Forwarded-For``, which the
 app's server takes from a client on loopback). ``--hostile N`` makes N of the users strangers
 (``tests.support.hostile.HostileUser``: flooding the polls, guessing the presenter key, calling the
-locked endpoints, uploading an oversized CSV, opening many sessions).
+locked endpoints, uploading an oversized CSV, opening many sessions), run in a process of their
+own; ``--heavy N``, the comparison: N quiet visitors that only hold the background load a
+hostile visitor's many sessions are granted (``MAX_BACKGROUND_PER_VISITOR``) and poll like a page.
 Each user is a ``gradio_client`` session that, until the deadline, picks at
 random: run a preset prompt (16-48 tokens), move its load slider (0-8), poll
 the live charts like an open page does, or close its tab (the client's
@@ -34,6 +36,7 @@ import collections
 import json
 import random
 import re
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from engine_adapter.engine.prometheus import parse_metrics  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
 from tests.support.app_process import AppNotReady, AppProcess, engine_ready, start_app, wait_ready  # noqa: E402
-from tests.support.hostile import HostileUser, engine_servers  # noqa: E402
+from tests.support.hostile import engine_servers  # noqa: E402
 
 CLIENT_TIMEOUT_S = 120.0  # a page waits for a busy server; httpx's default 5 s would count it as an error
 
@@ -153,10 +156,10 @@ def soak(
     seed: int,
     drain_s: float,
     baseline_after: float = 0.25,
-    hostile: int = 0,
+    others: tuple[str, int] = ("hostile", 0),
 ) -> dict:
+    """``others``: (kind, count) of the visitors run by tests.support.hostile in a process of their own."""
     counts: collections.Counter[str] = collections.Counter()
-    bad: collections.Counter[str] = collections.Counter()
     latencies: list[float] = []
     lock = threading.Lock()
 
@@ -164,22 +167,19 @@ def soak(
         with lock:
             counts[kind] += 1
 
-    def tally_hostile(kind: str) -> None:
-        with lock:
-            bad[kind] += 1
-
     probe = Client(url, verbose=False, headers={"x-forwarded-for": "10.255.255.1"})
     settings = settings_of(probe.predict(api_name="/status"))
     engine = engine_url(pid)
     probe.predict("Warm up.", 0.0, 8, api_name="/run")
     prompts = [p.prompt for p in load_presets()]
-    big_csv = Path(tempfile.mkdtemp(prefix="soak-")) / "big.csv"
-    big_csv.write_text("policy,concurrency\n" + "off,1\n" * 400_000)  # 2.4 MB: over the upload cap
     deadline = time.monotonic() + duration
-    crowd: list[threading.Thread] = [
-        User(n, url, deadline, seed, prompts, tally, latencies) for n in range(users - hostile)
-    ]
-    crowd += [HostileUser(n, url, deadline, seed, tally_hostile, str(big_csv)) for n in range(hostile)]
+    kind, n_others = others
+    crowd = [User(n, url, deadline, seed, prompts, tally, latencies) for n in range(users - n_others)]
+    strangers = None
+    if n_others:
+        cmd = [sys.executable, "-m", "tests.support.hostile", "users", url, "--kind", kind, "--count", str(n_others)]
+        cmd += ["--seconds", str(duration), "--seed", str(seed)]
+        strangers = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     for u in crowd:
         u.start()
     # the baseline is taken once every user has been served a while (first sessions, caches,
@@ -188,6 +188,7 @@ def soak(
     rss0 = app_rss_mib(pid)
     for u in crowd:
         u.join(timeout=duration + 300)
+    others_report = json.loads(strangers.communicate(timeout=300)[0].strip().splitlines()[-1]) if strangers else {}
     t_left = time.monotonic()
     left = (-1.0, -1.0)
     while time.monotonic() - t_left < drain_s:  # unload (or the idle expiry) stops every session's load
@@ -202,12 +203,12 @@ def soak(
     lat = sorted(latencies)
     report = {
         "users": users,
-        "hostile": hostile,
+        "others": {"kind": kind, "count": n_others, "cpu_s": others_report.get("cpu_s")},
         "duration_s": duration,
         "latency_ms_p50": round(1000 * lat[len(lat) // 2], 1) if lat else None,
         "latency_ms_p95": round(1000 * lat[int(len(lat) * 0.95)], 1) if lat else None,
         "latency_samples": len(lat),
-        "hostile_outcomes": dict(bad),
+        "others_outcomes": others_report.get("outcomes", {}),
         "settings_unchanged": settings_after == settings,
         "served": counts["served"],
         "refused": counts["run_refused"],
@@ -228,7 +229,7 @@ def soak(
         and report["served"] > 0
         and not errors
         and report["settings_unchanged"]
-        and not bad["settings_changed"]
+        and not report["others_outcomes"].get("settings_changed")
     )
     return report
 
@@ -251,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--users", type=int, default=20)
     p.add_argument("--hostile", type=int, default=0, help="how many of the users are hostile (implies --public)")
+    p.add_argument("--heavy", type=int, default=0, help="how many are quiet visitors holding a visitor's load")
     p.add_argument("--public", action="store_true", help="launch the app on 0.0.0.0, as a Space or a workshop")
     p.add_argument("--duration", type=float, default=600.0)
     p.add_argument("--seed", type=int, default=0)
@@ -272,10 +274,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("--url needs --pid (the app's process, for its memory)")
         url, pid = args.url, args.pid
     else:
-        app = launch(app_args, public=args.public or args.hostile > 0)
+        app = launch(app_args, public=args.public or args.hostile > 0 or args.heavy > 0)
         url, pid = app.url, app.proc.pid
     try:
-        report = soak(url, pid, args.users, args.duration, args.seed, args.drain_s, args.baseline_after, args.hostile)
+        others = ("hostile", args.hostile) if args.hostile else ("heavy", args.heavy)
+        report = soak(url, pid, args.users, args.duration, args.seed, args.drain_s, args.baseline_after, others)
     finally:
         if app is not None:
             app.stop()

@@ -109,89 +109,6 @@ def burn(cores: float, seconds: float) -> dict:
     return {"cores": cores, "processes": n, "seconds": seconds}
 
 
-class HeavyUser(threading.Thread):
-    """A quiet visitor who holds ``MAX_BACKGROUND_PER_VISITOR`` background requests and polls like an
-    open page: the background load a hostile visitor's many sessions are granted, without the rest."""
-
-    def __init__(self, n: int, url: str, deadline: float, seed: int, tally: Callable[[str], None], *_: object):
-        super().__init__(name=f"heavy-{n}", daemon=True)
-        self.url, self.deadline, self.tally = url, deadline, tally
-        self.address = f"198.18.0.{n + 1}"
-
-    def run(self) -> None:
-        from gradio_client import Client
-
-        from engine_adapter.service.fair_share import MAX_BACKGROUND_PER_VISITOR
-
-        c = Client(self.url, verbose=False, headers={"x-forwarded-for": self.address})
-        try:
-            c.predict(MAX_BACKGROUND_PER_VISITOR, api_name="/set_load")
-            while time.monotonic() < self.deadline:
-                c.predict(api_name="/charts")
-                self.tally("heavy poll")
-                time.sleep(2.0)
-        except Exception as e:
-            self.tally(f"heavy error: {type(e).__name__}")
-        finally:
-            c.close()
-
-
-def users(url: str, kind: str, count: int, seconds: float, seed: int) -> dict:
-    import tempfile
-
-    outcomes: collections.Counter[str] = collections.Counter()
-    lock = threading.Lock()
-
-    def tally(what: str) -> None:
-        with lock:
-            outcomes[what] += 1
-
-    big = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
-    big.write("policy,concurrency\n" + "off,1\n" * 400_000)  # 2.4 MB: over the upload cap
-    big.close()
-    deadline = time.monotonic() + seconds
-    who = HostileUser if kind == "hostile" else HeavyUser
-    crowd = [who(n, url, deadline, seed, tally, big.name) for n in range(count)]
-    cpu0 = psutil.Process().cpu_times()
-    for u in crowd:
-        u.start()
-    for u in crowd:
-        u.join(seconds + 120)
-    cpu1 = psutil.Process().cpu_times()
-    cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
-    return {"kind": kind, "count": count, "outcomes": dict(outcomes), "cpu_s": round(cpu, 1)}
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    sub = p.add_subparsers(dest="what", required=True)
-    f = sub.add_parser("flood")
-    f.add_argument("url")
-    f.add_argument("--threads", type=int, default=12)
-    f.add_argument("--seconds", type=float, default=20.0)
-    b = sub.add_parser("burn")
-    b.add_argument("--cores", type=float, required=True)
-    b.add_argument("--seconds", type=float, default=20.0)
-    u = sub.add_parser("users")
-    u.add_argument("url")
-    u.add_argument("--kind", choices=("hostile", "heavy"), required=True)
-    u.add_argument("--count", type=int, default=5)
-    u.add_argument("--seconds", type=float, default=600.0)
-    u.add_argument("--seed", type=int, default=0)
-    args = p.parse_args()
-    if args.what == "flood":
-        result = flood(args.url, args.threads, args.seconds)
-    elif args.what == "burn":
-        result = burn(args.cores, args.seconds)
-    else:
-        result = users(args.url, args.kind, args.count, args.seconds, args.seed)
-    print(json.dumps(result), flush=True)
-
-
-if __name__ == "__main__":
-    main()
-
-
 LOCKED_CALLS: tuple[tuple[str, tuple], ...] = (
     ("/apply", ("ngram", 2)),
     ("/set_policy", ("off", 0, {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 64, 0]]})),
@@ -277,3 +194,86 @@ class HostileUser(threading.Thread):
             c.predict(64, api_name="/set_load")
             self.tally("hostile session asked 64")
         # abandoned without closing their tabs: the idle expiry ends their load
+
+
+class HeavyUser(threading.Thread):
+    """A quiet visitor who holds ``MAX_BACKGROUND_PER_VISITOR`` background requests and polls like an
+    open page: the background load a hostile visitor's many sessions are granted, without the rest."""
+
+    def __init__(self, n: int, url: str, deadline: float, seed: int, tally: Callable[[str], None], *_: object):
+        super().__init__(name=f"heavy-{n}", daemon=True)
+        self.url, self.deadline, self.tally = url, deadline, tally
+        self.address = f"198.18.0.{n + 1}"
+
+    def run(self) -> None:
+        from gradio_client import Client
+
+        from engine_adapter.service.fair_share import MAX_BACKGROUND_PER_VISITOR
+
+        c = Client(self.url, verbose=False, headers={"x-forwarded-for": self.address})
+        try:
+            c.predict(MAX_BACKGROUND_PER_VISITOR, api_name="/set_load")
+            while time.monotonic() < self.deadline:
+                c.predict(api_name="/charts")
+                self.tally("heavy poll")
+                time.sleep(2.0)
+        except Exception as e:
+            self.tally(f"heavy error: {type(e).__name__}")
+        finally:
+            c.close()
+
+
+def users(url: str, kind: str, count: int, seconds: float, seed: int) -> dict:
+    import tempfile
+
+    outcomes: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def tally(what: str) -> None:
+        with lock:
+            outcomes[what] += 1
+
+    big = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
+    big.write("policy,concurrency\n" + "off,1\n" * 400_000)  # 2.4 MB: over the upload cap
+    big.close()
+    deadline = time.monotonic() + seconds
+    who = HostileUser if kind == "hostile" else HeavyUser
+    crowd = [who(n, url, deadline, seed, tally, big.name) for n in range(count)]
+    cpu0 = psutil.Process().cpu_times()
+    for u in crowd:
+        u.start()
+    for u in crowd:
+        u.join(seconds + 120)
+    cpu1 = psutil.Process().cpu_times()
+    cpu = (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)
+    return {"kind": kind, "count": count, "outcomes": dict(outcomes), "cpu_s": round(cpu, 1)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="what", required=True)
+    f = sub.add_parser("flood")
+    f.add_argument("url")
+    f.add_argument("--threads", type=int, default=12)
+    f.add_argument("--seconds", type=float, default=20.0)
+    b = sub.add_parser("burn")
+    b.add_argument("--cores", type=float, required=True)
+    b.add_argument("--seconds", type=float, default=20.0)
+    u = sub.add_parser("users")
+    u.add_argument("url")
+    u.add_argument("--kind", choices=("hostile", "heavy"), required=True)
+    u.add_argument("--count", type=int, default=5)
+    u.add_argument("--seconds", type=float, default=600.0)
+    u.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    if args.what == "flood":
+        result = flood(args.url, args.threads, args.seconds)
+    elif args.what == "burn":
+        result = burn(args.cores, args.seconds)
+    else:
+        result = users(args.url, args.kind, args.count, args.seconds, args.seed)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
