@@ -11,7 +11,7 @@ coalesce: ``Backend.request_restart``). ``wire()`` connects them. The lines are 
 refresh tick for every page (``ctx.ticks``); on a public page they name no engine address or
 server path.
 
-API names: /apply (method, K) -> status line (the presenter's); /status -> status line;
+API names: /apply (method, K) -> the answer (a restart asked for, or why not); /status -> status line;
 /acceptance_banner -> the banners. ``top_lines()`` is both, the same for every page, which
 the page's timer fetches every second from ``TOP_LINES_PATH`` (``assets/top_lines.js``), a
 route the HTTP door answers without Gradio (``explorer.request_limits``).
@@ -60,12 +60,13 @@ class EnginePanel:
             )
             self.k = gr.Slider(1, MAX_K, value=self.config.k, step=1, label="K (num_speculative_tokens)")
             self.apply_btn = gr.Button("Apply engine settings", elem_id="apply")
+            self.said = gr.Markdown("", elem_id="engine-said")  # the answer to this page's last Apply
 
     def wire(self) -> None:
         self.apply_btn.click(
             self.apply,
             [self.method, self.k],
-            self.status,
+            self.said,
             api_name="apply",
             concurrency_id="engine",
             concurrency_limit=ENGINE_CHANGES_AT_ONCE,
