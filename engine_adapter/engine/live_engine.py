@@ -77,10 +77,12 @@ class LiveEngine:
         return cls(client=client, config=config, process=proc, url=proc.url, vllm_version=version)
 
     @classmethod
-    async def attach(cls, url: str, *, tokenizer_dir: str | Path | None = None, k_hint: int = 0) -> LiveEngine:
-        """A server started elsewhere; its API key, if it has one, from ``VLLM_API_KEY``."""
+    async def attach(
+        cls, url: str, *, tokenizer_dir: str | Path | None = None, k_hint: int = 0, api_key: str | None = None
+    ) -> LiveEngine:
+        """A server started elsewhere; its API key, if it has one: ``api_key``, else ``VLLM_API_KEY``."""
         url = url.rstrip("/")
-        api_key = os.environ.get(API_KEY_ENV) or None
+        api_key = api_key or os.environ.get(API_KEY_ENV) or None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         async with httpx.AsyncClient(timeout=10.0, headers=headers) as http:
             try:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # types only: the explorer never imports the engine or the po
 
 __all__ = [
     "LIVE",
+    "LOCAL_VISITOR",
     "POLICY_KINDS",
     "REPLAY",
     "Backend",
@@ -77,6 +78,10 @@ class Visitor:
     session: str
     address: str
     presenter: bool = False
+
+
+# a caller in Python (a script, a test), not a page: one visitor, not held to the per-visitor cap
+LOCAL_VISITOR = Visitor("local", "local", presenter=True)
 
 
 @dataclass(frozen=True)
@@ -186,7 +191,7 @@ class Backend(Protocol):
     def policy_changes(self) -> Sequence[tuple[float, dict]]: ...
 
     # --- background load, shared fairly between browser sessions
-    async def set_background(self, n: int, visitor: Visitor) -> int: ...
+    async def set_background(self, n: int, visitor: Visitor = LOCAL_VISITOR) -> int: ...
     def release_background(self, session: str) -> None: ...
     def touch_session(self, session: str) -> None: ...
     def background_share(self, session: str) -> BackgroundShare: ...

@@ -15,7 +15,7 @@ thread or event loop (the UI's):
   fairly between sessions and visitors, for as long as the engine runs
   (``service.background``);
 - ``profile_cost()``: measure the cost model again, at most every
-  ``MIN_REMEASURE_INTERVAL_S``;
+  ``remeasure_interval_s`` (``MIN_REMEASURE_INTERVAL_S``) from the last measurement or ready;
 - ``stream(..., reference=True)``: the same on the speculation-off twin
   (``service.twin``: watched, relaunched, stopped when idle);
 - ``steps_since(t)``: server-wide ``EngineStep`` history (tap), and
@@ -47,6 +47,7 @@ from engine_adapter.policy.profiler import ProfileProgress
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import (
     LIVE,
+    LOCAL_VISITOR,
     BackgroundShare,
     ReplayInfo,
     RestartTicket,
@@ -84,6 +85,7 @@ class EngineService:
         policy_options: dict | None = None,
         session_idle_s: float = SESSION_IDLE_S,
         visitor_cap: int = MAX_BACKGROUND_PER_VISITOR,
+        remeasure_interval_s: float = MIN_REMEASURE_INTERVAL_S,
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)
@@ -105,6 +107,7 @@ class EngineService:
         )
         self._restarts: RestartGate[EngineConfig] = RestartGate(lambda cfg: self._restart(cfg, None))
         self._measured_at = float("-inf")  # the last measurement's end (or an engine's ready)
+        self.remeasure_interval_s = remeasure_interval_s
         self.history = EngineHistory(history_s)
         self._tasks: list[asyncio.Task] = []
         # called with each finished foreground request (the session recorder); must not block
@@ -304,10 +307,10 @@ class EngineService:
         if self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
         since = time.monotonic() - self._measured_at
-        if since < MIN_REMEASURE_INTERVAL_S:
+        if since < self.remeasure_interval_s:
             raise RuntimeError(
                 f"the cost model was measured {since:.0f} s ago; measuring again is possible in "
-                f"{MIN_REMEASURE_INTERVAL_S - since:.0f} s (each measurement keeps every visitor waiting)"
+                f"{self.remeasure_interval_s - since:.0f} s (each measurement keeps every visitor waiting)"
             )
         self._set(state="starting", progress=StartProgress("measure", 0.0, "measuring this machine: starting"))
         self._tasks.append(asyncio.create_task(self._remeasure()))
@@ -427,7 +430,7 @@ class EngineService:
         await self._apply_bg()
         return self.background.share(visitor.session).granted
 
-    async def set_background(self, n: int, visitor: Visitor) -> int:
+    async def set_background(self, n: int, visitor: Visitor = LOCAL_VISITOR) -> int:
         """This session asks for ``n`` background requests; returns how many it was granted
         (the cap ``max_background`` is shared fairly between visitors and their sessions)."""
         return await self._call(self._set_bg(n, visitor))

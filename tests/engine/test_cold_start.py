@@ -35,7 +35,10 @@ async def _run(service: EngineService, prompt: str, max_tokens: int) -> RequestR
 def cold_service(tiny, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("SPEC_EXPLORER_CACHE", str(tmp_path_factory.mktemp("cold-cache")))  # no cost model there
-    svc = EngineService(background_prompts=BG_PROMPTS, policy_options={"default_policy": "auto"})
+    # remeasure_interval_s=0: this module measures again at once (the app keeps MIN_REMEASURE_INTERVAL_S)
+    svc = EngineService(
+        background_prompts=BG_PROMPTS, policy_options={"default_policy": "auto"}, remeasure_interval_s=0.0
+    )
     seen: list[tuple[str, str | None, str | None]] = []  # (state, progress stage, policy cost source)
     # a draft equal to the target: drafting pays at every batch size, so auto drafts
     svc.start(tiny_config(tiny, "draft", "close", k=3, k_max=5))

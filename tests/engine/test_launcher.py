@@ -120,7 +120,7 @@ async def test_attach_mode_against_a_separately_started_server(tiny, engines):
     server = EngineProcess(cfg, resolve=Path)
     server.start(timeout_s=300)
     try:
-        attached = await LiveEngine.attach(server.url, tokenizer_dir=tiny.target, k_hint=3)
+        attached = await LiveEngine.attach(server.url, tokenizer_dir=tiny.target, k_hint=3, api_key=server.api_key)
         tapped = await engines.get("draft", "perturbed")
         try:
             for prompt in PROMPTS:

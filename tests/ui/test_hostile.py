@@ -242,6 +242,8 @@ def test_three_applies_from_the_presenter_give_one_restart(public):
     time.sleep(5)  # no further restart follows
     _note_main_pids(public, seen)
     assert len(seen) == 2, f"engines seen: {seen} (one restart expected)"
+    # measuring the cost model again keeps every visitor waiting: not again so soon after a start
+    assert "measuring again is possible in" in p.predict(api_name="/profile")
 
 
 def test_a_killed_twin_comes_back(public):
