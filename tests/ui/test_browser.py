@@ -234,7 +234,7 @@ def test_changing_the_method_restarts_the_engine_visibly(page):
 
 def _engine_running(page) -> float:
     """vLLM's own count of requests running (its /metrics; the app on loopback names its address)."""
-    url = re.search(r"at `(http://127\.0\.0\.1:\d+)`", page.locator("#engine-status").inner_text().replace("\n", " "))
+    url = re.search(r"(http://127\.0\.0\.1:\d+)", page.locator("#engine-status").inner_text())
     assert url, "the status line on loopback names the engine's address"
     metrics = httpx.get(f"{url.group(1)}/metrics", timeout=5).text
     return sum(
