@@ -9,8 +9,10 @@ last ``RequestResult``), ``step_times`` ((monotonic t, tokens emitted) per
 foreground step, for the live chart) and ``request_id`` (for the auction grid).
 ``wire()`` connects them. Run streams: the token view updates at every engine
 step of the request (``Backend.stream``); on a replay Run plays the recorded
-request for the prompt (``Backend.replay_prompt``). Refusals and errors show in
-the token view, never as exceptions.
+request for the prompt (``Backend.replay_prompt``). Stop cancels the run (the
+stream is closed, vLLM aborts the request) and the page marks what streamed as
+stopped (``assets/stop_run.js``). Refusals and errors show in the token view,
+never as exceptions.
 
 API names: /run (prompt, temperature, max tokens) -> (token view, card,
 histogram, positions, trace: the recorder's JSON line as a string) streamed; /lossless (temperature) -> (verdict,
@@ -28,6 +30,7 @@ from typing import Any
 import gradio as gr
 from gradio.components import Component
 
+from engine_adapter.package_data import assets_dir
 from engine_adapter.prompts import Preset
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.trace.format import request_line
@@ -108,7 +111,11 @@ class RunPanel:
         runs = dict(show_progress="hidden", concurrency_id="foreground-run", concurrency_limit=MAX_FOREGROUND_RUNS)
         run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", **runs)
         enter_event = self.prompt.submit(self.run, inputs, outputs, api_name=False, **runs)
-        self.stop_btn.click(None, None, None, cancels=[run_event, enter_event])
+        # the cancelled run yields nothing more: once the cancel is done (the run's last messages came
+        # before it), the page marks the run stopped itself (assets/stop_run.js)
+        stop_js = (assets_dir() / "stop_run.js").read_text()
+        stopped = self.stop_btn.click(None, None, None, cancels=[run_event, enter_event])
+        stopped.then(None, [self.view, self.card], [self.view, self.card], js=stop_js)
         self.check_btn.click(
             self.check,
             [self.last, self.temperature],
@@ -152,7 +159,8 @@ class RunPanel:
         steps: list[Step] = []
         times: list[tuple[float, int]] = []
         rid = uuid.uuid4().hex
-        yield {self.view: token_view_value([], streaming=True, prompt=text)}  # at once: the request is on its way
+        # at once: the request is on its way; the last request's charts go (this one's come at its end)
+        yield {self.view: token_view_value([], streaming=True, prompt=text), self.hist: None, self.pos: None}
         try:
             stream = self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid)
             # aclosing: Stop (Gradio closes this generator) closes the stream now, and vLLM aborts the request

@@ -216,6 +216,66 @@ def test_k_policies_switch_live_under_load(page):
     )
 
 
+def _engine_metrics(page) -> list[str]:
+    """vLLM's own /metrics (the status line on loopback names the engine's address)."""
+    url = re.search(r"(http://127\.0\.0\.1:\d+)", page.locator("#engine-status").inner_text())
+    assert url, "the status line on loopback names the engine's address"
+    return httpx.get(f"{url.group(1)}/metrics", timeout=5).text.splitlines()
+
+
+def _metric(lines: list[str], name: str, having: str = "") -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name) and having in line)
+
+
+def _engine_counts(page) -> tuple[float, float]:
+    """vLLM's counters: tokens generated, requests running."""
+    lines = _engine_metrics(page)
+    return _metric(lines, "vllm:generation_tokens_total"), _metric(lines, "vllm:num_requests_running")
+
+
+def _wait_until_engine_idle(page, timeout_s: float = 60.0) -> None:
+    """Until vLLM runs no request (the background load set to 0 lets its requests in flight finish)."""
+    deadline = time.monotonic() + timeout_s
+    while _metric(_engine_metrics(page), "vllm:num_requests_running") > 0:
+        assert time.monotonic() < deadline, f"vLLM still runs requests {timeout_s:.0f} s after the load was set to 0"
+        time.sleep(0.2)
+
+
+def test_enter_then_stop_ends_the_run_in_vllm(page):
+    """A run started from the prompt box (its submit event: Shift+Enter in a multi-line box; not the
+    Run button) is stopped by Stop, in vLLM too: vLLM runs it no more and generates no token after it."""
+    page.locator("#max-tokens input[type=number]").fill("1000")
+    page.locator("#max-tokens input[type=number]").press("Enter")
+    _wait_until_engine_idle(page)
+    generated_before, _ = _engine_counts(page)
+    prompt = page.locator("#prompt textarea")
+    prompt.fill("Write a very long essay about the sea.")  # runs to its 1000 tokens on the tiny pair
+    prompt.press("Shift+Enter")
+    deadline = time.monotonic() + 30  # Stop as soon as vLLM runs it (the engine was idle): about 3 s to its end
+    while _engine_counts(page)[1] < 1:
+        assert time.monotonic() < deadline, "the prompt box's submit started no request in vLLM"
+        time.sleep(0.02)
+    page.locator("#stop").click()
+    time.sleep(2.0)
+    generated, running = _engine_counts(page)
+    ran = generated - generated_before
+    assert 0 < ran < 900, f"vLLM generated {ran:.0f} tokens: the request ran, and Stop came before its end"
+    assert running == 0, "vLLM still runs the request 2 s after Stop"
+    steps = page.locator("#token-view .tv-step").count()
+    time.sleep(3.0)
+    assert _engine_counts(page) == (generated, 0), "vLLM generated tokens after Stop"
+    assert page.locator("#token-view .tv-step").count() == steps, "tokens kept coming to the page after Stop"
+    # the cancelled run yields nothing more: the page itself says it stopped, and where
+    playwright.expect(page.locator("#token-view .tv-prompt")).to_contain_text("essay about the sea")
+    playwright.expect(page.locator("#token-view .tv-footer")).to_contain_text("Stopped:")
+    assert page.locator("#token-view .tv-cursor").count() == 0, "a stopped request keeps no cursor"
+    playwright.expect(page.locator("#request-card")).to_contain_text("Stopped after")
+    page.locator("#token-view").scroll_into_view_if_needed()
+    page.screenshot(path=str(SHOTS / "5-enter-then-stop.png"), full_page=False)
+    page.locator("#max-tokens input[type=number]").fill("128")
+    page.locator("#max-tokens input[type=number]").press("Enter")
+
+
 def test_changing_the_method_restarts_the_engine_visibly(page):
     page.get_by_label("ngram (prompt lookup)").check()
     page.locator("#apply").click()
@@ -230,38 +290,3 @@ def test_changing_the_method_restarts_the_engine_visibly(page):
         "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('ab ab ab')", timeout=60_000
     )
     page.wait_for_selector("#token-view .tv-footer", timeout=60_000)
-
-
-def _engine_running(page) -> float:
-    """vLLM's own count of requests running (its /metrics; the app on loopback names its address)."""
-    url = re.search(r"(http://127\.0\.0\.1:\d+)", page.locator("#engine-status").inner_text())
-    assert url, "the status line on loopback names the engine's address"
-    metrics = httpx.get(f"{url.group(1)}/metrics", timeout=5).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running")
-    )
-
-
-def test_enter_then_stop_ends_the_run_in_vllm(page):
-    """A run started with the prompt's Enter (not the Run button) is stopped by Stop, in vLLM too."""
-    page.locator("#max-tokens input[type=number]").fill("1000")
-    page.locator("#max-tokens input[type=number]").press("Enter")
-    prompt = page.locator("#prompt textarea")
-    prompt.fill("Write a long story about a lighthouse keeper.")  # about 570 tokens on the tiny pair
-    prompt.press("Enter")
-    page.wait_for_selector("#token-view .tv-text .k-prefill", timeout=60_000)
-    deadline = time.monotonic() + 10
-    while _engine_running(page) < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _engine_running(page) >= 1, "the request ended before Stop could be pressed"
-    page.locator("#stop").click()
-    stopped_at = time.monotonic()
-    while _engine_running(page) > 0 and time.monotonic() - stopped_at < 5:
-        time.sleep(0.1)
-    assert _engine_running(page) == 0, "Stop left the request running in vLLM"
-    steps = page.locator("#token-view .tv-step").count()
-    time.sleep(1.0)
-    assert page.locator("#token-view .tv-step").count() == steps, "tokens kept coming after Stop"
-    page.screenshot(path=str(SHOTS / "5-enter-then-stop.png"), full_page=False)
-    page.locator("#max-tokens input[type=number]").fill("128")
-    page.locator("#max-tokens input[type=number]").press("Enter")
