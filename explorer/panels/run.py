@@ -46,7 +46,7 @@ from explorer.views.token_view import token_view_value
 Updates = dict[Component, Any]
 MIN_UPDATE_S = 0.1  # the token view is redrawn at most this often (explorer/panels/pacing.py)
 SLIDER_MAX_TEMPERATURE = 1.5  # the page's slider; API callers may go up to input_checks.MAX_TEMPERATURE
-MAX_FOREGROUND_RUNS = 16  # visitors' runs streaming at once, however started (Run, Enter, the API)
+MAX_FOREGROUND_RUNS = 16  # visitors' runs streaming at once, however started (Run, Shift+Enter, the API)
 MAX_CHECKS = 2  # lossless checks running at once (each a request on the speculation-off engine)
 
 
@@ -63,7 +63,11 @@ class RunPanel:
     def build_prompt(self) -> gr.Textbox:
         self.preset = gr.Dropdown(preset_choices(self.presets), label="Preset (by task)", value=None)
         self.prompt = gr.Textbox(
-            label="Prompt", lines=5, max_lines=20, elem_id="prompt", placeholder="Type a prompt or pick a preset"
+            label="Prompt",
+            lines=5,
+            max_lines=20,
+            elem_id="prompt",
+            placeholder="Type a prompt or pick a preset (Shift+Enter runs it)",
         )
         with gr.Row():
             self.run_btn = gr.Button("Run", variant="primary", elem_id="run")

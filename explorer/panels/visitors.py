@@ -30,7 +30,7 @@ import gradio as gr
 
 from engine_adapter.service.backend import Visitor
 
-MAX_RUNS_PER_SESSION = 1  # foreground runs of one page at a time (Run, Enter and API calls together)
+MAX_RUNS_PER_SESSION = 1  # foreground runs of one page at a time (Run, Shift+Enter, API calls together)
 MAX_RUNS_PER_VISITOR = 4  # of all sessions of one address (a classroom behind one address shares it)
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 
