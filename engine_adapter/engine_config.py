@@ -33,8 +33,8 @@ CPU_MAX_NUM_BATCHED_TOKENS = 2048
 CUDA_MAX_NUM_BATCHED_TOKENS = 8192
 
 
-# CPU features that compute in bfloat16 natively; without them (AVX2 only, e.g. the AMD EPYC
-# cores measured 2026-12-01 in docs/benchmarks.md) torch emulates it and a 92-token prefill
+# CPU features that compute in bfloat16 natively; without them (AVX2 only: docs/benchmarks.md,
+# "a CPU without AVX-512") torch emulates it and a 92-token prefill
 # ran 4.3x slower than in float32, while a decode step (memory-bound) cost about the same.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 

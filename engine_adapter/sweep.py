@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "--reserved-cpus",
         type=int,
         default=None,
-        help="cores vLLM keeps free of its worker (default: vLLM's own, 1, as the app since 945dbae; 0 = every core)",
+        help="cores vLLM keeps free of its worker (default: vLLM's own, 1, as the app; 0 = every core)",
     )
     args = p.parse_args(argv)
     args.concurrency = [int(c) for c in args.concurrency.split(",")]

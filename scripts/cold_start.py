@@ -78,7 +78,7 @@ def watch_launch(app, deadline_s: float) -> dict[str, float | None]:
 def first_request(client: Client, prompt: str, max_tokens: int) -> dict:
     t = time.monotonic()
     out = client.predict(prompt, 0.0, max_tokens, api_name="/run")
-    trace = out[-1] if isinstance(out, (list, tuple)) else out  # the recorder's JSON line, as text (since 28a2786)
+    trace = out[-1] if isinstance(out, (list, tuple)) else out  # the recorder's JSON line, as text
     line = json.loads(trace) if isinstance(trace, str) and trace else {}
     kinds = Counter(line.get("kinds", []))
     if not kinds:

@@ -12,8 +12,7 @@ lives through a K=0 step has a hole in the draft model's KV cache. Two ways on:
   from the next step;
 - ``across`` (the plugin as shipped with a catch-up budget of 0, what a hole longer than the
   budget gets): the request drafts across the hole, never caught up, with zeros in the draft KV
-  at the skipped tokens (``idle_drafter.zero_kv_slots``). Before commit ebba03b a ``holes`` mode
-  let a patched scheduler draft across holes that held whatever KV was there (07289dc's figures).
+  at the skipped tokens (``idle_drafter.zero_kv_slots``).
 
 How: the packaged pair, one request at a time, greedy, ``ignore_eos``, live K=3. Per prompt, a
 reference run at K=0 throughout (the target alone: what speculation off writes), a control run

@@ -18,7 +18,7 @@ Both clocks are monotonic (Chromium's ``performance.now()`` and Python's ``time.
 read Linux's CLOCK_MONOTONIC: engine, app, browser and this script share one host); their
 offset is measured here through the page, at the start and again at the end (``drift_ms``).
 The wall clock (``Date.now()``, ``time.time()``) is not used: a virtual machine's clock can
-be stepped by seconds in the middle of a run (seen 2026-12-03: 4.9 s). A tee of Gradio's
+be stepped by seconds in the middle of a run (seen: 4.9 s). A tee of Gradio's
 event stream (``/queue/data``, read through ``fetch``) notes when the page's script first
 read each step's ``data-t`` (in the token view's markup, JSON-escaped): the part of the
 latency before rendering (the read runs on the page's main thread, so it is an upper bound
@@ -67,7 +67,7 @@ from engine_adapter.prompts import load_presets  # noqa: E402
 from tests.support.app_process import CHROMIUM_ARGS, AppProcess, start_app, tiny_app_args  # noqa: E402
 
 # Before the page's own scripts: the first arrival of each step's data-t in Gradio's event stream (or its
-# "ts", the token view's JSON before 2026-12-03, so runs against older commits time the same thing)
+# "ts", the token view's older JSON, so runs against older commits time the same thing)
 # (/queue/data, read through fetch), from a tee of the stream the page reads unchanged.
 NET_TAP_JS = r"""(() => {
   // the page's clock (ms, monotonic), for every time this script takes (PAGE_NOW_JS, OBSERVER_JS)

@@ -3,9 +3,9 @@
 Contract:
 - ``read_bandwidth_gbs(threads)``: GB/s (1e9 bytes) that a streaming read reaches on ``threads``
   cores: a float32 sum over ``size_gb`` (far past the caches), median of ``repeats``. Not a bf16
-  matrix-vector product: on a 2-core AMD EPYC with AVX-512 BF16 (2026-12-02) torch's bf16 ``mv``
-  was compute-bound, 7.5 / 10.6 GB/s on 1 / 2 cores, while the sum read 29 / 41.5 GB/s and vLLM's
-  own plain decode read the 1.5B target's 3.09 GB at 13.5 steps/s, 41.7 GB/s;
+  matrix-vector product: on the project's AVX-512 BF16 CPU torch's bf16 ``mv`` is compute-bound,
+  reading about a quarter of what the sum reads, while vLLM's own plain decode reads at about the
+  sum's rate (docs/benchmarks.md, "The physical limit");
 - ``weight_bytes(model_dir)`` (from ``resources``): bytes of a model's weight files;
 - ``bytes_read_per_step(model_dir, dtype)``: what one decode step reads at least: every weight
   once in ``dtype``, except an input embedding table the output layer does not share (a step

@@ -133,7 +133,7 @@ def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
     """Scheduling mode, the tap's scheduler and the plugin's worker."""
     mode = async_scheduling(config, platform)
     # On CPU vLLM's platform runs every scheduler synchronously; there the tap keeps vLLM's async
-    # scheduler class wherever vLLM allows it, which every CPU figure before 2026-12-03 ran on
+    # scheduler class wherever vLLM allows it, which the project's earliest CPU figures ran on
     # (docs/gpu.md, "What has not been run": a profile on tiny models admitting its batch one request
     # at a time, cause not found).
     scheduler_async = mode or (not platform.is_gpu and config.vllm_allows_async)

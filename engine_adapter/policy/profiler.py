@@ -18,8 +18,8 @@ policy is NOT restored: the caller applies the policy it wants afterwards.
 
 The grid comes from the machine (``profile_grid.config_profile_grid(config, platform)``,
 whose module says how): on a CPU it is small on purpose (batch sizes 1, 4, 16 x
-K 0, 1, 3: nine cells; 127 s for the packaged pair in a cold-starting app on 2 CPU
-cores of an AMD EPYC, 2026-12-01): the K policies read the fitted curve, not the
+K 0, 1, 3: nine cells; about two minutes for the packaged pair on 2 CPU cores,
+docs/benchmarks.md has the figures): the K policies read the fitted curve, not the
 cells (``CostModel.step_s``), and the curve's few parameters (a hinge in verified
 tokens, the drafter's passes) are pinned by these cells; K above 3 is priced by
 the fit's per-pass cost. The fit to these nine was within -12..+15 % of all 20

@@ -219,7 +219,7 @@ class EngineService:
             # what the start loaded (tokenizer, cost model, clients) leaves the collector's generations
             # until the engine is closed (``_teardown``):
             # a full collection of the app's heap stalled every event loop of the process 0.5-0.9 s on
-            # 2 cores, and the token view with it (docs/benchmarks.md, UI latency, 2026-12-03)
+            # 2 cores, and the token view with it (docs/benchmarks.md, "UI latency")
             gc.freeze()
             self._measured_at = time.monotonic()
             self._set(

@@ -51,7 +51,7 @@ class WatchdogSettings:
     hang_after_s: float = 10.0  # /health silent this long = hung
     dead_after_503: int = 2  # consecutive 503 answers = vLLM says its engine core is dead
     # requests in flight, no engine step this long = engine core hung; a whole step must fit: on an
-    # AVX2 CPU in bf16 a prefill of 4 prompts took about 70 s (docs/benchmarks.md, 2026-12-01)
+    # AVX2 CPU in bf16 a prefill of 4 prompts took about 70 s (docs/benchmarks.md, "a CPU without AVX-512")
     stall_after_s: float = 300.0
     backoff_base_s: float = 2.0
     backoff_cap_s: float = 60.0

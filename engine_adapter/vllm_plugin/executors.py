@@ -13,15 +13,14 @@ vLLM's, the workers' side included (they are spawned, and keep vLLM's spin: they
 scheduler's short turns, on their own cores).
 
 Why: on a CPU engine every step is a wait for the worker of 0.1-2 s, so the engine core spun
-through all of it: 58 % of a core at background load 64 on the AVX-512 machine (2 cores, 24 GiB;
-packaged pair, worker on one core, 2026-12-03), on the core the page, the app and vLLM's API server
-share (docs/benchmarks.md, "UI latency"). Waiting on the notification alone is not safe: some
-notifications never arrive (why was not pinned down; vLLM's PUB socket has a send high-water mark of
-1), and with no spin each lost one cost the 5 s recheck; tiny-model engines, whose steps are
-milliseconds apart, stalled for minutes (e77fb99, reverted in f33c0f4). The 2 ms bound caps a lost
-one's cost at 2 ms; with it the engine core took 5 % of a core at load 64 (2026-12-03, ab96f4c, no
-spin at all). The short spin keeps that 2 ms off steps of a few ms, where it would be a large share of
-the step times the cost model measures; on the packaged pair (steps of 0.1-2 s) it is 5 ms a step.
+through all of it: more than half a core at background load 64 on a 2-core CPU, on the core the
+page, the app and vLLM's API server share (docs/benchmarks.md, "UI latency"). Waiting on the
+notification alone is not safe: some notifications never arrive (why was not pinned down; vLLM's
+PUB socket has a send high-water mark of 1), and with no spin each lost one cost the 5 s recheck;
+tiny-model engines, whose steps are milliseconds apart, stalled for minutes. The 2 ms bound caps a
+lost one's cost at 2 ms, for a few per cent of a core at load 64 (docs/benchmarks.md, "the engine
+core polls"). The short spin keeps that 2 ms off steps of a few ms, where it would be a large share
+of the step times the cost model measures; on the packaged pair (steps of 0.1-2 s) it is 5 ms a step.
 
 How: vLLM builds each reader as ``shm_broadcast.SpinCondition(...)``, a module-level name it looks up
 when it builds one, so the name is pointed at ``PollingCondition`` while this process builds its

@@ -13,7 +13,7 @@ Why: vLLM writes the whole KV cache (2 GiB by default, ``VLLM_CPU_KVCACHE_SPACE`
 serves. On the AVX-512 machine of this project (2 CPU cores, 24 GiB, a virtual machine whose
 balloon returns free memory to its host) a page never written since it was freed costs about
 10 s per GiB to write, so those zeros were 20-23 s of every launch (docs/benchmarks.md,
-"2026-12-03: launch to ready"). Mapped, a block's pages are committed the first time a request
+"where a launch's time goes"). Mapped, a block's pages are committed the first time a request
 writes its KV there (a few MB per step at load 64, on top of steps of about a second).
 The memory is the same, only taken later: vLLM's start-up check and ours
 (``engine.resources``) still count the whole cache, but a machine that runs short of memory

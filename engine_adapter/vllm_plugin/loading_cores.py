@@ -14,7 +14,7 @@ Why: loading is not the work the reservation is for (nothing else runs while vLL
 waits for it), and most of it is the kernel handing out fresh pages: on the AVX-512 machine of this
 project (2 CPU cores, 24 GiB, a virtual machine whose balloon returns freed memory to its host)
 the worker spent 33-45 s of system time against 11-15 s of its own in a launch, 83 % of its
-samples in ``clear_page_erms`` (docs/benchmarks.md, "2026-12-04"). Page faults are served on the
+samples in ``clear_page_erms`` (docs/benchmarks.md, "the worker loads on both cores"). Page faults are served on the
 core that takes them, and ``torch``'s copy of a checkpoint tensor into its parameter is
 OpenMP-parallel: with both cores the target's weights and the draft model loaded in about half the
 time (vLLM alone 69.7-69.8 s -> 55.7-60.1 s to ready); oneDNN's packing gives most of its pages to

@@ -223,7 +223,8 @@ def bin_prom(snapshots: Sequence[PromSnapshot], now: float, window_s: float = WI
 FRESH_S = 5.0  # seconds: a step newer than this is "the engine is doing something" for the redraw key
 # seconds between two redraws of a page's charts (the live charts, the K-policy panel's) while the engine
 # works: each redraw costs the browser's renderer and the engine shares the machine's two cores with it
-# (at background load 16, packaged pair, 2026-12-02: chromium 38 % of a core at 1 s, 28 % at 2 s)
+# (chromium's share of a core falls by about a quarter from 1 s to 2 s: docs/benchmarks.md,
+# "what the live charts cost the token view")
 CHART_REFRESH_S = 2.0
 # while the page's own request streams (a step of it newer than STREAMING_GAP_S), its live chart waits
 # STREAMING_REFRESH_S from the request's first step and between redraws, and the K-policy panel's charts
@@ -257,7 +258,7 @@ def engine_activity(backend: Backend, now: float) -> tuple:
     the newest engine step (or /metrics sample, attached), and the newest load change. A page's
     timer redraws its charts only when this differs from what it drew last: an idle engine's
     charts are left as they are, instead of being rebuilt and redrawn every second (an idle page
-    took 45 % of a core in chromium and 22 % in the app, 2026-12-02)."""
+    took most of a core between chromium and the app: docs/benchmarks.md, "what the page costs")."""
     if backend.status().attached:
         prom = backend.prom_history()
         newest = prom[-1].t if prom else None

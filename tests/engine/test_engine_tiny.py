@@ -66,9 +66,9 @@ async def test_concurrent_requests_keep_exact_provenance(engines):
 
 
 async def test_no_step_waits_for_a_lost_notification(engines):
-    """A guard against e77fb99's stall: tiny-model steps come milliseconds apart, and when the engine
-    core waited for its worker's notification alone, each lost one cost vLLM's 5 s recheck (this
-    failed with 5.02 s gaps then). It passes with vLLM's spin too; that CPU launches use the polling
+    """A guard against a lost-notification stall: tiny-model steps come milliseconds apart, and when
+    the engine core waited for its worker's notification alone, each lost one cost vLLM's 5 s recheck
+    (this test then failed with 5.02 s gaps). It passes with vLLM's spin too; that CPU launches use the polling
     executor is tests/unit/test_platform_launch.py's, its bound tests/unit/test_plugin_paths.py's."""
     engine = await engines.get("draft", "perturbed")
     results = await run_prompts(engine.client, PROMPTS * 2, 4, max_tokens=48)

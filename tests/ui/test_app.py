@@ -15,7 +15,7 @@ N_TOKENS = 512  # "def fibonacci(n):" runs to the length limit on the tiny pair 
 def test_run_streams_coloured_tokens_and_the_card(app_url):
     client = Client(app_url, verbose=False)
     # 512 tokens: the page redraws at most every MIN_UPDATE_S (0.1 s), and 32 tokens of the tiny
-    # models took under 0.2 s on the CI machine (2026-12-02), 128 tokens 0.4 s with 2 updates seen
+    # models took under 0.2 s on the CI machine, 128 tokens 0.4 s with 2 updates seen
     job = client.submit("def fibonacci(n):", 0.0, N_TOKENS, api_name="/run")
     updates = list(job)
     view, card, _hist, _pos, trace = updates[-1]

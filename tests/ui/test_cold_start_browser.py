@@ -118,12 +118,12 @@ def test_raising_the_load_moves_the_k_in_force_along_the_auto_table(cold):
     measured), and the table never rises with the batch size.
 
     Whether it falls between 1 and 48 requests is the measured cost model's to say, and for the
-    tiny pair it depends on the machine: on 2 cores of an AMD EPYC (2026-12-01) a draft accepting
-    0.69 gave [[1, 18, 3], [19, 64, 0]]; on an AVX-512 EPYC (2026-12-02) that draft never paid (K=0
-    at every batch size, hence the closer draft, about 0.93); on the CI machine (2026-12-02) the
-    closer draft paid at every batch size ([[1, 64, 5]]: a tiny model's step is the engine's fixed
-    overhead, not its weights); on the CI machine (2026-12-04) the fit's optima rose, K 1, 2, 0, which
-    the table no longer follows (docs/k-policies.md, "The auto table never rises"). The fall itself
+    tiny pair it depends on the machine: on an AVX2 EPYC a draft accepting 0.69 gave
+    [[1, 18, 3], [19, 64, 0]]; on an AVX-512 EPYC that draft never paid (K=0 at every batch size,
+    hence the closer draft, about 0.93); on one CI machine the closer draft paid at every batch
+    size ([[1, 64, 5]]: a tiny model's step is the engine's fixed overhead, not its weights); on
+    another the fit's optima rose, K 1, 2, 0, which the table does not follow
+    (docs/k-policies.md, "The auto table never rises"). The fall itself
     is tests/unit/test_k_policy.py's on hand-made costs
     and docs/benchmarks.md's on the packaged pair; here, where the table falls, K must fall with it."""
     pg, *_ = cold

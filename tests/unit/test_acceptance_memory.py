@@ -22,7 +22,7 @@ from engine_adapter.policy.live_state import MAX_PREVIEW_BATCH, LivePolicy
 from engine_adapter.policy.profiler import load_cached, load_cached_acceptance, save_cached
 from engine_adapter.records import EngineStep
 
-# the packaged pair's cells on 2 CPU cores with AVX-512 (2026-12-02): K=1 costs 55 % more than K=0
+# the packaged pair's cells on 2 CPU cores with AVX-512: K=1 costs 55 % more than K=0
 PACKAGED_CELLS = [
     CostPoint(1, 0, 1, 0.111, 4),
     CostPoint(1, 1, 2, 0.171, 7),

@@ -16,7 +16,7 @@ from engine_adapter.engine_config import EngineConfig, cpu_dtype, resolve_dtype
         ({"avx2", "fma", "avx512f", "avx512_bf16"}, "bfloat16"),  # Intel Cooper Lake and later, AMD Zen 4
         ({"avx2", "amx_bf16", "amx_tile"}, "bfloat16"),  # Sapphire Rapids
         ({"avx2", "fma", "avx512f"}, "float32"),  # AVX-512 without BF16: emulated
-        ({"avx", "avx2", "fma"}, "float32"),  # the AMD EPYC cores of 2026-12-01
+        ({"avx", "avx2", "fma"}, "float32"),  # the project's AVX2 AMD EPYC cores
         (set(), "float32"),
     ],
 )

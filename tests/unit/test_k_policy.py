@@ -296,7 +296,7 @@ def test_step_s_is_the_fit_even_where_a_cell_was_measured():
 
 @pytest.mark.parametrize("acceptance", [0.9, 0.7, 0.5])
 def test_the_auto_table_never_zig_zags_on_a_noisy_grid(acceptance):
-    # cells as measured on 2 CPU cores (packaged pair, float32, 2026-12-01): K=3 at b=1 read 11 % slow
+    # cells as measured on 2 CPU cores (packaged pair, float32): K=3 at b=1 read 11 % slow
     cells = [(1, 0, 0.481), (1, 1, 0.642), (1, 3, 1.233), (4, 0, 0.563), (4, 1, 0.966), (4, 3, 1.435)]
     cells += [(16, 0, 0.830), (16, 1, 1.835), (16, 3, 3.464)]
     pts = [CostPoint(b, k, b * (k + 1), s, 4) for b, k, s in cells]
@@ -320,7 +320,7 @@ def best_non_increasing_by_brute_force(rate):
     [
         # per-batch-size optima that never rise are kept as they are
         ([[1, 3, 2], [1, 2, 1.5], [2, 1, 0.5]], [1, 1, 0]),
-        # the CI machine's shape on 2026-12-04 (tiny pair): K 1, then 2, then 0; lowering the
+        # one CI machine's shape (tiny pair): K 1, then 2, then 0; lowering the
         # one rising batch size to K=1 loses 1 %, raising the first to K=2 would lose 10 %
         ([[1, 2, 1.8], [1, 1.98, 2.0], [2, 1, 0.5]], [1, 1, 0]),
         # ... and where raising the first costs less than lowering the rise, the first is raised

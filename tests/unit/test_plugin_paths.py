@@ -111,7 +111,7 @@ GPU_VERIFIER, GPU_IDLER = paths.VERIFIER_WORKERS["cuda"], paths.IDLE_DRAFTER_WOR
     "config, platform, scheduler, worker",
     [
         # vLLM's CPU platform runs every scheduler synchronously; the tap keeps vLLM's async class there
-        # where vLLM allows async scheduling, as before 2026-12-03 (server_args, docs/gpu.md)
+        # where vLLM allows async scheduling (server_args, docs/gpu.md)
         (EngineConfig(method="draft", k=3), CPU, paths.TAP_ASYNC_SCHEDULER, CPU_VERIFIER),
         (EngineConfig(method="draft", k=3), CUDA, paths.TAP_ASYNC_SCHEDULER, GPU_VERIFIER),
         (EngineConfig(method="ngram", k=3), CPU, paths.TAP_SCHEDULER, CPU_VERIFIER),  # vLLM refuses async ngram

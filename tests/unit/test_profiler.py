@@ -91,7 +91,7 @@ def test_profiling_ids_are_marked_and_have_no_dash(tag):
         ([profile_request_id("b2r0"), profile_request_id("b2r1")], [], 2),
         ([profile_request_id("b2r0"), "visitor"], [], 1),
         # a profiling request aborted at its cell's end while the step ran: scheduled (in batch_size),
-        # not processed by vLLM (not in reqs), still the profiler's (CI, 2026-12-03: counted as a visitor)
+        # not processed by vLLM (not in reqs), still the profiler's (once counted as a visitor)
         ([profile_request_id("b2r0")], [profile_request_id("b2r1")], 2),
         ([profile_request_id("b2r0")], ["visitor"], 1),
     ],
