@@ -39,6 +39,10 @@ import zmq
 from vllm.distributed.device_communicators import shm_broadcast
 from vllm.v1.executor.multiproc_executor import MultiprocExecutor
 
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
+
 logger = logging.getLogger(__name__)
 
 RECHECK_MS = 2  # ms: the longest a reader waits for a notification before it looks at the buffer again

@@ -37,8 +37,8 @@ The mixin refuses to start on a model runner without a ``drafter`` (vLLM's Model
 ``speculator`` instead, which it never wraps): an idle drafter that silently wraps nothing would
 show K=0 steps that still pay the draft model's cost.
 
-This module pins vLLM internals (tested with vllm 0.32.0, Model Runner V1): the model runner's
-``drafter.propose(num_speculative_tokens=..., target_token_ids=...,
+This module pins vLLM internals (Model Runner V1; ``vllm_seam`` lists them and checks the
+version): the model runner's ``drafter.propose(num_speculative_tokens=..., target_token_ids=...,
 target_positions=..., common_attn_metadata=..., ...)`` (all by keyword),
 ``model_runner.propose_draft_token_ids(scheduler_output, ...)`` and
 ``input_batch.token_ids_cpu`` / ``req_ids``.
@@ -63,6 +63,9 @@ from engine_adapter.vllm_plugin.catch_up import (
     prepend_catch_up,
 )
 from engine_adapter.vllm_plugin.side_channel import attach
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
 logger = logging.getLogger("vllm").getChild("idle_drafter")  # vLLM's handlers print it in its log
 

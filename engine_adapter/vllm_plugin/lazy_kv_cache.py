@@ -19,7 +19,7 @@ The memory is the same, only taken later: vLLM's start-up check and ours
 (``engine.resources``) still count the whole cache, but a machine that runs short of memory
 afterwards now fails while serving rather than at start.
 
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ and ``sample_tokens`` hands them back as ``side_channel.VERIFIED_ATTR``: request
 scheduler's own copy is a ``-1`` placeholder under async scheduling; this one is exact on every
 platform and in every mode.
 
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ import vllm.v1.sample.rejection_sampler as rejection_sampler_module
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.vllm_plugin.acceptance_rules import RELAXED_ATTR, RULE_ATTR, RelaxedToken, relax_rows
 from engine_adapter.vllm_plugin.side_channel import VERIFIED_ATTR, VerifiedDrafts, attach
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
 logger = logging.getLogger("vllm").getChild("acceptance_rule")
 

@@ -28,7 +28,7 @@ and the count of applied commands go into the step's message. Output stays lossl
 unless a lossy acceptance rule was asked for: the target still verifies every draft
 that is left. A bad command never stops the engine.
 
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations
@@ -56,12 +56,15 @@ from engine_adapter.vllm_plugin.catch_up import (
     update_missed,
 )
 from engine_adapter.vllm_plugin.paths import is_idle_drafter_worker
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
 from engine_adapter.vllm_plugin.wire import (
     CATCH_UP_TOKENS_ENV,
     CONTROL_ADDR_ENV,
     DEFAULT_CATCH_UP_TOKENS,
     decode_control,
 )
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
 
 def _segment_starts(out) -> dict[str, int]:

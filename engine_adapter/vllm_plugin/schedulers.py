@@ -10,7 +10,7 @@ Contract: ``TapScheduler`` (vLLM's synchronous scheduler) and ``TapAsyncSchedule
 - ``tap.TapMixin``: observes every step and publishes it (changes nothing).
 
 With neither environment address set, both behave exactly as vLLM's scheduler.
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from engine_adapter.vllm_plugin.policy_hooks import PolicyHooksMixin
 from engine_adapter.vllm_plugin.tap import TapMixin
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
 
 class TapScheduler(PolicyHooksMixin, TapMixin, Scheduler):

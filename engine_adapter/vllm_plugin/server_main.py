@@ -22,6 +22,9 @@ from engine_adapter.torch_extras import hide_mismatched_torch_extras
 hide_mismatched_torch_extras()
 
 if __name__ == "__main__":
+    from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+    require_tested_vllm()
     from vllm.entrypoints.launchers.api_server.entry import main
 
     main()

@@ -20,7 +20,7 @@ so capturing them does not stall async scheduling. Why: under async scheduling t
 ``spec_token_ids`` are ``-1`` placeholders (vLLM's ``AsyncScheduler``); the worker is the only
 place that knows which ids it verified (``VERIFIED_ATTR``).
 
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ from typing import Any
 
 import torch
 from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, AsyncModelRunnerOutput, ModelRunnerOutput
+
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
 # on ModelRunnerOutput: {request id: [draft ids verified in the step]}; requests without drafts absent
 VERIFIED_ATTR = "spec_explorer_verified"

@@ -33,7 +33,7 @@ for it in the step), ``_relaxed`` (its drafts kept only by a lossy acceptance ru
 decision for the step), ``_controls_applied`` (control commands applied so far)
 and ``_forget_gone`` (housekeeping for requests vLLM no longer holds).
 
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations

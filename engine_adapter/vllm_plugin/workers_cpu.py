@@ -8,7 +8,7 @@ idle drafter too (``idle_drafter.IdleDrafterMixin``). ``paths.worker_class_path(
 names them; the GPU's are in ``workers_gpu.py``. A class per platform, chosen by the launch
 (``engine.server_args``), never by what this process happens to import.
 
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
 from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin
 from engine_adapter.vllm_plugin.loading_cores import AllCoresLoadingMixin
 from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
 
 class CPULazyKVWorker(AllCoresLoadingMixin, LazyKVCacheMixin, CPUWorker):

@@ -9,7 +9,7 @@ them; the CPU's are in ``workers_cpu.py``. Both need vLLM's Model Runner V1 (the
 Never run on a GPU by this project's tests (no GPU and no CUDA build of vLLM on its machines);
 what is covered on CPU and what is not: README, "On a GPU".
 
-This module pins vLLM internals (tested with vllm 0.32.0).
+This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ from vllm.v1.worker.gpu_worker import Worker
 
 from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
 from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
+from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+
+require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
 
 class GPUVerifierWorker(AcceptanceRuleMixin, Worker):
