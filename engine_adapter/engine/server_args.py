@@ -122,7 +122,7 @@ def plugin_worker(config: EngineConfig, platform: Platform) -> str | None:
     """The plugin's ``--worker-cls``, or None for vLLM's own. A speculative engine with the tap gets
     the platform's verifier (it reports the draft ids it verified), the idle drafter's where the
     drafter idles; any other CPU launch the worker whose KV cache is committed at first use, as
-    every CPU worker of the plugin's is (vllm_plugin/lazy_kv_cache.py: writing it cost 20 s of a
+    every CPU worker of the plugin's is (vllm_plugin/cpu_tuning/lazy_kv_cache.py: writing it cost 20 s of a
     launch on the AVX-512 machine)."""
     if config.tap and config.method != "off":
         return worker_class_path(platform.kind, idle_drafter=config.drafter_idles)
@@ -145,7 +145,7 @@ def _plugin_args(config: EngineConfig, platform: Platform) -> list[str]:
     if not platform.is_gpu:
         # vLLM's own executor on a CPU (its platform runs no other), whose engine core spins only 5 ms
         # after each answer of its worker and then polls in 2 ms waits, instead of spinning while it
-        # computes: over half a core, shared with the page (vllm_plugin/executors.py)
+        # computes: over half a core, shared with the page (vllm_plugin/cpu_tuning/quiet_executor.py)
         args += ["--distributed-executor-backend", QUIET_EXECUTOR]
     if config.drafter_idles:
         # no prefix caching: a cached block's draft KV may hold a hole its writer never caught up,

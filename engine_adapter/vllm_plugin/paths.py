@@ -2,7 +2,7 @@
 
 Contract: ``scheduler_class_path(async_scheduling)`` is the ``--scheduler-cls`` of the
 scheduler tap; ``QUIET_EXECUTOR`` the ``--distributed-executor-backend`` of a CPU launch
-(``executors.py``); ``worker_class_path(platform_kind, idle_drafter)`` the ``--worker-cls``:
+(``cpu_tuning/quiet_executor.py``); ``worker_class_path(platform_kind, idle_drafter)`` the ``--worker-cls``:
 the platform's worker with the acceptance rules and the exact-drafts report
 (``lossy_sampler.py``), and with the idle drafter too (``idle_drafter.py``) when asked;
 ``LAZY_KV_WORKER`` the ``--worker-cls`` of any other CPU launch (every CPU worker of the plugin
@@ -31,7 +31,7 @@ STARTUP_DIR = Path(__file__).resolve().with_name("startup")
 TAP_SCHEDULER = f"{_PACKAGE}.schedulers.TapScheduler"
 TAP_ASYNC_SCHEDULER = f"{_PACKAGE}.schedulers.TapAsyncScheduler"
 # vLLM's multiprocess executor whose engine core polls (after a 5 ms spin) while its worker runs (CPU launches)
-QUIET_EXECUTOR = f"{_PACKAGE}.executors.QuietMultiprocExecutor"
+QUIET_EXECUTOR = f"{_PACKAGE}.cpu_tuning.quiet_executor.QuietMultiprocExecutor"
 # vLLM's CPU worker with only the KV cache committed at first use (CPU launches with no other plugin worker)
 LAZY_KV_WORKER = f"{_PACKAGE}.workers_cpu.CPULazyKVWorker"
 # platform kind ("cpu", "cuda") -> worker class path

@@ -42,7 +42,7 @@ class VllmTouch:
     module: str  # vLLM's module, e.g. "vllm.v1.core.sched.scheduler"
     name: str  # dotted within the module: "Scheduler", "Scheduler.schedule", "Request.spec_token_ids"
     kind: Kind
-    by: str  # the plugin module (under engine_adapter/vllm_plugin/) that touches it
+    by: str  # the plugin module that touches it, dotted under engine_adapter.vllm_plugin
     params: tuple[str, ...] | None = None  # a callable's parameter names, in order
     copy: str | None = None  # a constant's copy in the plugin ("module.NAME" under vllm_plugin), equal to vLLM's
 
@@ -98,6 +98,7 @@ GPU_WORKER = "vllm.v1.worker.gpu_worker"
 PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 ATTN_META = "vllm.v1.attention.backend"
 SHM = "vllm.distributed.device_communicators.shm_broadcast"
+MAPPED_KV, LOADING, QUIET = "cpu_tuning.lazy_kv_cache", "cpu_tuning.loading_cores", "cpu_tuning.quiet_executor"
 
 TOUCHES: tuple[VllmTouch, ...] = tuple(
     # the scheduler: the tap and the live policies (schedulers.py, tap.py, policy_hooks.py)
@@ -340,33 +341,41 @@ TOUCHES: tuple[VllmTouch, ...] = tuple(
     + _copied("idle_drafter", "vllm.v1.spec_decode.utils", "PADDING_SLOT_ID", "idle_drafter.PADDING_SLOT_ID")
     # the CPU tuning: the mapped KV cache, the loading cores, the quiet executor
     + _touches(
-        "lazy_kv_cache", GPU_WORKER, "override", "Worker.initialize_from_config", params=("self", "kv_cache_config")
+        MAPPED_KV,
+        GPU_WORKER,
+        "override",
+        "Worker.initialize_from_config",
+        params=("self", "kv_cache_config"),
     )
     + _touches(
-        "lazy_kv_cache",
+        MAPPED_KV,
         "vllm.v1.worker.utils",
         "read",
         "allocate_kv_cache",
         params=("kv_cache_config", "device", "layout", "kernel_block_sizes"),
     )
     + _touches(
-        "lazy_kv_cache", "vllm.v1.kv_cache_interface", "read", "KVCacheConfig.kv_cache_tensors", "KVCacheTensor.size"
+        MAPPED_KV,
+        "vllm.v1.kv_cache_interface",
+        "read",
+        "KVCacheConfig.kv_cache_tensors",
+        "KVCacheTensor.size",
     )
-    + _touches("loading_cores", "vllm.v1.worker.cpu_worker", "read", "CPUWorker.init_device", params=("self",))
-    + _touches("executors", "vllm.distributed.device_communicators", "import", "shm_broadcast")
-    + _touches("executors", SHM, "subclass", "SpinCondition")
-    + _touches("executors", SHM, "replace", "SpinCondition")  # the module-level name, while readers are built
+    + _touches(LOADING, "vllm.v1.worker.cpu_worker", "read", "CPUWorker.init_device", params=("self",))
+    + _touches(QUIET, "vllm.distributed.device_communicators", "import", "shm_broadcast")
+    + _touches(QUIET, SHM, "subclass", "SpinCondition")
+    + _touches(QUIET, SHM, "replace", "SpinCondition")  # the module-level name, while readers are built
     + _touches(
-        "executors",
+        QUIET,
         SHM,
         "override",
         "SpinCondition.__init__",
         params=("self", "is_reader", "context", "notify_address", "busy_loop_s"),
     )
-    + _touches("executors", SHM, "override", "SpinCondition.wait", params=("self", "timeout_ms"))
-    + _touches("executors", "vllm.v1.executor.multiproc_executor", "subclass", "MultiprocExecutor")
+    + _touches(QUIET, SHM, "override", "SpinCondition.wait", params=("self", "timeout_ms"))
+    + _touches(QUIET, "vllm.v1.executor.multiproc_executor", "subclass", "MultiprocExecutor")
     + _touches(
-        "executors",
+        QUIET,
         "vllm.v1.executor.multiproc_executor",
         "override",
         "MultiprocExecutor._init_executor",

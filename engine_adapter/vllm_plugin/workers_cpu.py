@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from vllm.v1.worker.cpu_worker import CPUWorker
 
+from engine_adapter.vllm_plugin.cpu_tuning.lazy_kv_cache import LazyKVCacheMixin
+from engine_adapter.vllm_plugin.cpu_tuning.loading_cores import AllCoresLoadingMixin
 from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
-from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin
-from engine_adapter.vllm_plugin.loading_cores import AllCoresLoadingMixin
 from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
 from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
 

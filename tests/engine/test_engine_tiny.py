@@ -17,7 +17,7 @@ import pytest
 from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.service.load import run_prompts
-from engine_adapter.vllm_plugin.loading_cores import machine_cores, thread_affinities
+from engine_adapter.vllm_plugin.cpu_tuning.loading_cores import machine_cores, thread_affinities
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 
 
@@ -99,7 +99,7 @@ def _member(engine, comm: str) -> int:
 
 
 async def test_the_kv_cache_is_committed_at_first_use(engines):
-    """Every CPU launch maps its KV cache instead of writing it (vllm_plugin/lazy_kv_cache.py): after
+    """Every CPU launch maps its KV cache instead of writing it (vllm_plugin/cpu_tuning/lazy_kv_cache.py): after
     requests ran, the worker's 1 GiB KV mapping is mostly not resident, and the outputs are right
     (the other tests of this file run on such engines)."""
     engine = await engines.get("draft", "perturbed")
@@ -120,7 +120,7 @@ def _cores_in(pattern: str, log: str) -> set[int]:
 
 
 async def test_the_worker_loads_on_every_core_and_serves_on_its_own(engines):
-    """vllm_plugin/loading_cores.py: the models loaded on the cores vLLM divides (its engine core's);
+    """vllm_plugin/cpu_tuning/loading_cores.py: the models loaded on the cores vLLM divides (its engine core's);
     after a request, the worker's threads are on the cores vLLM bound it to, and on no other."""
     engine = await engines.get("draft", "perturbed")
     check_invariants(await run(engine, PROMPTS[0], max_tokens=16))

@@ -1,6 +1,6 @@
-"""The KV cache mapped instead of written (engine_adapter/vllm_plugin/lazy_kv_cache.py), without vLLM's engine:
-which allocations are mapped, that mapped pages read as zeros and are not resident until written,
-and the mixin around a worker's ``initialize_from_config``. On a real engine:
+"""The KV cache mapped instead of written (engine_adapter/vllm_plugin/cpu_tuning/lazy_kv_cache.py),
+without vLLM's engine: which allocations are mapped, that mapped pages read as zeros and are not
+resident until written, and the mixin around a worker's ``initialize_from_config``. On a real engine:
 tests/engine/test_engine_tiny.py::test_the_kv_cache_is_committed_at_first_use."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin, MappedZeros, backing_size, zero_pages
+from engine_adapter.vllm_plugin.cpu_tuning.lazy_kv_cache import LazyKVCacheMixin, MappedZeros, backing_size, zero_pages
 
 MIB = 1 << 20
 SIZE = 64 * MIB

@@ -1,4 +1,4 @@
-"""Loading on every core, serving on the worker's own (vllm_plugin/loading_cores.py)."""
+"""Loading on every core, serving on the worker's own (vllm_plugin/cpu_tuning/loading_cores.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from engine_adapter.vllm_plugin.loading_cores import cpu_quota, loading_cores, machine_cores, parse_cpu_list
+from engine_adapter.vllm_plugin.cpu_tuning.loading_cores import cpu_quota, loading_cores, machine_cores, parse_cpu_list
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_the_cgroups_quota_in_whole_cores(tmp_path, text: str, cores: int | None
 # a thread starts (as vLLM's loading starts some). It prints what it saw.
 PROBE = r"""
 import json, os, threading, torch
-from engine_adapter.vllm_plugin.loading_cores import all_cores, loading_cores
+from engine_adapter.vllm_plugin.cpu_tuning.loading_cores import all_cores, loading_cores
 cores = sorted(loading_cores())
 own, other = {cores[0]}, {cores[-1]}
 os.sched_setaffinity(0, own)

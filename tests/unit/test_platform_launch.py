@@ -34,8 +34,11 @@ ASYNC_SCHED = "engine_adapter.vllm_plugin.schedulers.TapAsyncScheduler"
 CPU_VERIFIER = "engine_adapter.vllm_plugin.workers_cpu.CPUVerifierWorker"
 CPU_IDLER = "engine_adapter.vllm_plugin.workers_cpu.CPUIdleDrafterWorker"
 CPU_LAZY_KV = "engine_adapter.vllm_plugin.workers_cpu.CPULazyKVWorker"  # every CPU launch maps its KV cache
-# vLLM's multiprocess executor minus the engine core's spin (vllm_plugin/executors.py): CPU launches only
-CPU_EXECUTOR = ["--distributed-executor-backend", "engine_adapter.vllm_plugin.executors.QuietMultiprocExecutor"]
+# vLLM's multiprocess executor minus the engine core's spin (cpu_tuning/quiet_executor.py): CPU launches only
+CPU_EXECUTOR = [
+    "--distributed-executor-backend",
+    "engine_adapter.vllm_plugin.cpu_tuning.quiet_executor.QuietMultiprocExecutor",
+]
 GPU_VERIFIER = "engine_adapter.vllm_plugin.workers_gpu.GPUVerifierWorker"
 GPU_IDLER = "engine_adapter.vllm_plugin.workers_gpu.GPUIdleDrafterWorker"
 

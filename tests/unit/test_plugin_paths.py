@@ -14,7 +14,7 @@ CUDA = cuda_platform("NVIDIA H200", 141 << 30, 140 << 30, build="vllm 0.32.0")
 
 
 def _classes():
-    from engine_adapter.vllm_plugin.executors import QuietMultiprocExecutor
+    from engine_adapter.vllm_plugin.cpu_tuning.quiet_executor import QuietMultiprocExecutor
     from engine_adapter.vllm_plugin.schedulers import TapAsyncScheduler, TapScheduler
     from engine_adapter.vllm_plugin.workers_cpu import CPUIdleDrafterWorker, CPULazyKVWorker, CPUVerifierWorker
     from engine_adapter.vllm_plugin.workers_gpu import GPUIdleDrafterWorker, GPUVerifierWorker
@@ -65,9 +65,9 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
     from vllm.v1.worker.cpu_worker import CPUWorker
     from vllm.v1.worker.gpu_worker import Worker
 
+    from engine_adapter.vllm_plugin.cpu_tuning.lazy_kv_cache import LazyKVCacheMixin
+    from engine_adapter.vllm_plugin.cpu_tuning.loading_cores import AllCoresLoadingMixin
     from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
-    from engine_adapter.vllm_plugin.lazy_kv_cache import LazyKVCacheMixin
-    from engine_adapter.vllm_plugin.loading_cores import AllCoresLoadingMixin
     from engine_adapter.vllm_plugin.lossy_sampler import AcceptanceRuleMixin
 
     classes = _classes()
@@ -148,7 +148,7 @@ def test_the_quiet_executor_makes_only_its_own_readers_poll():
     import zmq
     from vllm.distributed.device_communicators import shm_broadcast
 
-    from engine_adapter.vllm_plugin.executors import RECHECK_MS, SPIN_S, PollingCondition, readers_poll
+    from engine_adapter.vllm_plugin.cpu_tuning.quiet_executor import RECHECK_MS, SPIN_S, PollingCondition, readers_poll
 
     vllm_condition = shm_broadcast.SpinCondition
     ctx = zmq.Context()

@@ -77,8 +77,12 @@ def test_each_name_is_in_vllm_as_listed(touch: VllmTouch) -> None:
         assert ours == obj, f"{touch.copy} is {ours!r}; vLLM's {touch.qualified} is {obj!r}"
 
 
+def plugin_module(path: Path) -> str:
+    return ".".join(path.relative_to(PLUGIN).with_suffix("").parts)
+
+
 def test_each_toucher_is_a_plugin_module() -> None:
-    assert {t.by for t in TOUCHES} <= {p.stem for p in PLUGIN.glob("*.py")}
+    assert {t.by for t in TOUCHES} <= {plugin_module(p) for p in PLUGIN.rglob("*.py")}
 
 
 def vllm_imports(path: Path) -> list[tuple[str, str | None]]:
@@ -92,14 +96,14 @@ def vllm_imports(path: Path) -> list[tuple[str, str | None]]:
     return found
 
 
-IMPORTERS = sorted(p for p in PLUGIN.glob("*.py") if vllm_imports(p))
+IMPORTERS = sorted(p for p in PLUGIN.rglob("*.py") if vllm_imports(p))
 
 
 def test_the_plugin_imports_vllm_somewhere() -> None:
     assert len(IMPORTERS) >= 8, [p.name for p in IMPORTERS]
 
 
-@pytest.mark.parametrize("path", IMPORTERS, ids=[p.stem for p in IMPORTERS])
+@pytest.mark.parametrize("path", IMPORTERS, ids=[plugin_module(p) for p in IMPORTERS])
 def test_every_import_of_vllm_is_listed(path: Path) -> None:
     listed = {(t.module, t.name.split(".")[0]) for t in TOUCHES}
     modules = {t.module for t in TOUCHES}
@@ -111,7 +115,7 @@ def test_every_import_of_vllm_is_listed(path: Path) -> None:
     assert missing == [], f"{path.name} imports vLLM names the seam does not list"
 
 
-@pytest.mark.parametrize("path", IMPORTERS, ids=[p.stem for p in IMPORTERS])
+@pytest.mark.parametrize("path", IMPORTERS, ids=[plugin_module(p) for p in IMPORTERS])
 def test_every_module_that_imports_vllm_checks_its_version(path: Path) -> None:
     calls = [
         node
