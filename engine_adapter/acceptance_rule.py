@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -84,6 +85,13 @@ class AcceptanceRule:
         if self.name == "typical":
             return f"typical (epsilon={self.epsilon:g}, alpha={self.alpha:g})"
         return "lossless (vLLM's rejection sampler)"
+
+
+def lossless_accepted(accepted: int, relaxed_positions: Sequence[int]) -> int:
+    """Of a step's ``accepted`` drafts, those vLLM's own rule kept: every draft before the first one
+    only a lossy rule kept (positions 1-based), which vLLM's rule rejected. The acceptance estimates
+    learn this verdict, so acceptance stays a property of the text, not of the rule."""
+    return min(accepted, min(relaxed_positions) - 1) if relaxed_positions else accepted
 
 
 def _number(key: str, value: Any) -> int | float:

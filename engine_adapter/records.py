@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from engine_adapter.acceptance_rule import lossless_accepted
+
 TokenKind = Literal["prefill", "accepted", "relaxed", "recovered", "bonus", "plain"]
 TOKEN_KINDS: tuple[TokenKind, ...] = ("prefill", "accepted", "relaxed", "recovered", "bonus", "plain")
 
@@ -121,8 +123,8 @@ class Step:
 
     @property
     def lossless_accepted(self) -> int:
-        """The drafts vLLM's own rule kept: those before the first relaxed one."""
-        return min(self.accepted, self.relaxed[0].position - 1) if self.relaxed else self.accepted
+        """The drafts vLLM's own rule kept (``acceptance_rule.lossless_accepted``)."""
+        return lossless_accepted(self.accepted, [r.position for r in self.relaxed])
 
 
 @dataclass(slots=True)

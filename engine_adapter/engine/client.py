@@ -33,7 +33,15 @@ import httpx
 import zmq
 
 from engine_adapter.acceptance_rule import AcceptanceRule
-from engine_adapter.engine.step_stream import HttpState, reconcile_counts, steps_from_chunks, steps_from_tap
+from engine_adapter.engine.step_stream import (
+    HttpState,
+    StreamEnded,
+    StreamEvent,
+    StreamTokens,
+    reconcile_counts,
+    steps_from_chunks,
+    steps_from_tap,
+)
 from engine_adapter.engine.tap_receiver import TapReceiver
 from engine_adapter.engine.token_text import IncrementalText
 from engine_adapter.engine_config import MAX_CATCH_UP_TOKENS, KTable, validate_k_table
@@ -109,7 +117,7 @@ class EngineClient:
         for state, wake in list(self._inflight.values()):
             if not state.done:
                 state.error, state.done = message, True
-                wake.put_nowait(("done", None))
+                wake.put_nowait(StreamEnded())
                 n += 1
         return n
 
@@ -231,7 +239,7 @@ class EngineClient:
                         if ids:
                             state.t_first = state.t_first or time.monotonic()
                             state.chunks.append(list(ids))
-                            wake.put_nowait(("http", ids))
+                            wake.put_nowait(StreamTokens(list(ids)))
                         if choice.get("finish_reason"):
                             state.finish_reason = choice["finish_reason"]
                     if data.get("usage"):
@@ -242,7 +250,7 @@ class EngineClient:
             state.error = state.error or _connection_message(self.base_url, e)
         finally:
             state.done = True
-            wake.put_nowait(("done", None))
+            wake.put_nowait(StreamEnded())
 
     async def generate(
         self,
@@ -279,7 +287,7 @@ class EngineClient:
         if ignore_eos:
             body["ignore_eos"] = True
         state = HttpState()
-        wake: asyncio.Queue = self.tap.register(rid, first) if self.tap else asyncio.Queue()
+        wake: asyncio.Queue[StreamEvent] = self.tap.register(rid, first) if self.tap else asyncio.Queue()
         self._inflight[rid] = (state, wake)
         t_start = time.monotonic()
         task = asyncio.create_task(self._stream_http(body, state, wake))

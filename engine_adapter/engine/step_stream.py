@@ -21,11 +21,35 @@ from typing import TYPE_CHECKING, Any
 from engine_adapter.engine.token_text import IncrementalText, draft_text
 from engine_adapter.provenance import kinds_for_step, steps_from_counts
 from engine_adapter.records import RelaxedDraft, Step, Token
+from engine_adapter.vllm_plugin.wire import RelaxedRow, TapRequestStep, TapStep
 
 if TYPE_CHECKING:  # transformers loads with the tokenizer, after the engine is spawned
     from transformers import PreTrainedTokenizerBase
 
 TAP_GRACE_S = 5.0  # how long to wait for the tap's last step after the HTTP stream ends
+
+
+@dataclass(frozen=True, slots=True)
+class TapRow:
+    """A request's row of one engine step, as the tap receiver routed it."""
+
+    step: TapStep
+    row: TapRequestStep
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTokens:
+    """Token ids one chunk of the request's HTTP stream carried."""
+
+    ids: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEnded:
+    """The request's HTTP stream ended (or the engine failed it): nothing more comes."""
+
+
+StreamEvent = TapRow | StreamTokens | StreamEnded  # what a request's queue carries
 
 
 @dataclass
@@ -43,6 +67,8 @@ class HttpState:
 
 def make_step(
     tokenizer: PreTrainedTokenizerBase,
+    text: IncrementalText,
+    *,
     index: int,
     t: float,
     wall_s: float,
@@ -52,18 +78,17 @@ def make_step(
     num_drafted: int,
     accepted: int,
     emitted: list[int],
-    text: IncrementalText,
     finish_reason: str | None = None,
     drafter_idle: bool = False,
     caught_up: int = 0,
-    relaxed: list[list] | None = None,
+    relaxed: list[RelaxedRow] | None = None,
     rule: str = "lossless",
 ) -> Step:
-    """One request's step as a ``Step``, its tokens and rejected drafts labelled (``provenance``);
-    ``relaxed`` is the tap's [[position, target's token, p(draft), p(target's token)], ...]."""
+    """One request's step as a ``Step``, its tokens and rejected drafts labelled (``provenance``),
+    their texts from ``text`` (the request's text so far) and ``tokenizer`` (a rejected draft's)."""
     kept = [
-        RelaxedDraft(int(pos), int(tid), float(pd), float(pt), draft_text(tokenizer, int(tid)))
-        for pos, tid, pd, pt in relaxed or []
+        RelaxedDraft(r.position, r.target_id, r.p_draft, r.p_target, draft_text(tokenizer, r.target_id))
+        for r in relaxed or []
     ]
     by_pos = {r.position: r for r in kept}
     kinds = kinds_for_step(index, num_drafted, accepted, len(emitted), by_pos)
@@ -127,31 +152,38 @@ async def steps_from_tap(
             item = await asyncio.wait_for(wake.get(), TAP_GRACE_S if state.done else None)
         except TimeoutError:
             return  # the tap never delivered the rest; generate() reports it
-        if not isinstance(item[0], str):
-            tstep, r = item
+        if isinstance(item, TapRow):
+            tstep, r = item.step, item.row
             if not r.emitted and not r.num_drafted:
                 continue  # a prefill chunk that produced no token yet
-            yield make_step(
-                tokenizer,
-                index,
-                tstep.t,
-                tstep.wall_s,
-                tstep.batch_size,
-                tstep.k,
-                None if r.drafted is None else list(r.drafted),  # None: the tap knew the count only
-                r.num_drafted,
-                r.accepted,
-                list(r.emitted),
-                text,
-                r.finish_reason,
-                r.drafter_idle,
-                r.caught_up,
-                list(r.relaxed),
-                tstep.rule,
-            )
+            yield step_of_row(tokenizer, text, index, tstep, r)
             index += 1
             seen += len(r.emitted)
             finished = finished or r.finish_reason is not None
+
+
+def step_of_row(
+    tokenizer: PreTrainedTokenizerBase, text: IncrementalText, index: int, tstep: TapStep, r: TapRequestStep
+) -> Step:
+    """The ``Step`` of one request's row of an engine step, as the tap sent it."""
+    return make_step(
+        tokenizer,
+        text,
+        index=index,
+        t=tstep.t,
+        wall_s=tstep.wall_s,
+        batch_size=tstep.batch_size,
+        k=tstep.k,
+        drafted=None if r.drafted is None else list(r.drafted),  # None: the tap knew the count only
+        num_drafted=r.num_drafted,
+        accepted=r.accepted,
+        emitted=list(r.emitted),
+        finish_reason=r.finish_reason,
+        drafter_idle=r.drafter_idle,
+        caught_up=r.caught_up,
+        relaxed=list(r.relaxed),
+        rule=tstep.rule,
+    )
 
 
 async def steps_from_chunks(
@@ -162,22 +194,22 @@ async def steps_from_chunks(
     # load one chunk can carry several steps: reconcile_counts replaces these steps at the end.
     index = 0
     while True:
-        kind, ids = await wake.get()
-        if kind == "done":
+        event = await wake.get()
+        if not isinstance(event, StreamTokens):
             return
-        n = len(ids)
+        n = len(event.ids)
         yield make_step(
             tokenizer,
-            index,
-            time.monotonic(),
-            0.0,
-            0,
-            k_hint,
-            None,
-            0 if index == 0 else k_hint,
-            0 if index == 0 else n - 1,
-            ids,
             text,
+            index=index,
+            t=time.monotonic(),
+            wall_s=0.0,
+            batch_size=0,
+            k=k_hint,
+            drafted=None,
+            num_drafted=0 if index == 0 else k_hint,
+            accepted=0 if index == 0 else n - 1,
+            emitted=event.ids,
         )
         index += 1
 
@@ -198,5 +230,19 @@ def reconcile_counts(tokenizer: PreTrainedTokenizerBase, state: HttpState, live:
         emitted = ids[pos : pos + n]
         pos += n
         t = t_of[min(index, len(t_of) - 1)] if t_of else 0.0
-        out.append(make_step(tokenizer, index, t, 0.0, 0, k, None, num_drafted, accepted, emitted, text))
+        out.append(
+            make_step(
+                tokenizer,
+                text,
+                index=index,
+                t=t,
+                wall_s=0.0,
+                batch_size=0,
+                k=k,
+                drafted=None,
+                num_drafted=num_drafted,
+                accepted=accepted,
+                emitted=emitted,
+            )
+        )
     return out

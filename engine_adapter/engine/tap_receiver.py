@@ -26,8 +26,9 @@ import zmq
 import zmq.asyncio
 
 from engine_adapter.acceptance import position_counts
+from engine_adapter.engine.step_stream import StreamEvent, TapRow
 from engine_adapter.records import EngineStep, SlotBid, is_profile_request, our_request_id
-from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep, decode_step
+from engine_adapter.vllm_plugin.wire import TapStep, decode_step
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def summarize(step: TapStep) -> EngineStep:
     k = max((r.num_drafted for r in whole), default=0)
     # each request is one "step" of position_counts: position i is tested only if
     # every draft before it was kept
-    lossless = [min(r.accepted, r.relaxed[0][0] - 1) if r.relaxed else r.accepted for r in whole]
+    lossless = [r.lossless_accepted for r in whole]
     acc_pos, reached_pos = position_counts(lossless, [r.num_drafted for r in whole], k)
     drafted = sum(r.num_drafted for r in step.reqs)
     accepted = sum(r.accepted for r in step.reqs)
@@ -67,11 +68,11 @@ def summarize(step: TapStep) -> EngineStep:
         num_drafting=sum(1 for r in step.reqs if r.num_drafted),
         tap_s=step.tap_s,
         controls=step.controls,
-        auction_slots=step.auction[0] if step.auction else None,
-        auction_ceiling=step.auction[2] if step.auction else None,
+        auction_slots=step.auction.slots if step.auction else None,
+        auction_ceiling=step.auction.ceiling if step.auction else None,
         bids=tuple(
-            SlotBid(our_request_id(rid), tuple(scores), admitted)
-            for rid, scores, admitted in (step.auction[1] if step.auction else ())
+            SlotBid(our_request_id(b.engine_request_id), tuple(b.scores), b.admitted)
+            for b in (step.auction.bids if step.auction else ())
         ),
         profiling_requests=sum(
             1
@@ -92,7 +93,7 @@ class TapReceiver:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.bind(addr)
-        self._routes: dict[str, asyncio.Queue[tuple[TapStep, TapRequestStep]]] = {}
+        self._routes: dict[str, asyncio.Queue[StreamEvent]] = {}
         self._first: set[str] = set()  # request ids served first in each step (register's ``first``)
         self._watchers: list[asyncio.Queue[EngineStep]] = []
         self._watch_maxsize = watch_maxsize
@@ -109,8 +110,8 @@ class TapReceiver:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def register(self, request_id: str, first: bool = False) -> asyncio.Queue[tuple[TapStep, TapRequestStep]]:
-        q: asyncio.Queue[tuple[TapStep, TapRequestStep]] = asyncio.Queue()
+    def register(self, request_id: str, first: bool = False) -> asyncio.Queue[StreamEvent]:
+        q: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self._routes[request_id] = q
         if first:
             self._first.add(request_id)
@@ -130,7 +131,7 @@ class TapReceiver:
         for rid, r in sorted(rows, key=lambda row: row[0] not in self._first):  # stable: engine order kept
             q = self._routes.get(rid)
             if q is not None:
-                q.put_nowait((step, r))
+                q.put_nowait(TapRow(step, r))
 
     def watch(self) -> asyncio.Queue[EngineStep]:
         q: asyncio.Queue[EngineStep] = asyncio.Queue(maxsize=self._watch_maxsize)

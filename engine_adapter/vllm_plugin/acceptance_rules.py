@@ -24,11 +24,12 @@ from dataclasses import dataclass
 import torch
 
 from engine_adapter.acceptance_rule import AcceptanceRule
+from engine_adapter.vllm_plugin.wire import RelaxedRow
 
 PAD = -1  # vLLM's PLACEHOLDER_TOKEN_ID: the row's padding after its target token
 # Where the rule travels between vLLM's processes (``lossy_sampler.py``, ``policy_hooks.py``):
 RULE_ATTR = "_spec_explorer_acceptance_rule"  # on SchedulerOutput: the rule's dict (absent = lossless)
-RELAXED_ATTR = "_spec_explorer_relaxed"  # on ModelRunnerOutput: request id -> relaxed tokens
+RELAXED_ATTR = "_spec_explorer_relaxed"  # on ModelRunnerOutput: request id -> [wire.RelaxedRow]
 
 
 @dataclass(frozen=True)
@@ -60,14 +61,6 @@ def lossy_verdicts(rule: AcceptanceRule, logits: torch.Tensor, drafts: torch.Ten
     return Verdicts(keep & finite & (p_draft > 0), top, p_draft, p_top, probs)
 
 
-@dataclass(frozen=True)
-class RelaxedToken:
-    position: int  # 1-based position in the step's draft
-    target_id: int  # the target's own most likely token there
-    p_draft: float  # the target's probability of the kept draft
-    p_target: float  # the target's probability of its own choice
-
-
 def relax_row(
     row: torch.Tensor,
     drafts: torch.Tensor,
@@ -76,7 +69,7 @@ def relax_row(
     greedy: bool,
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
-) -> tuple[torch.Tensor, list[RelaxedToken]]:
+) -> tuple[torch.Tensor, list[RelaxedRow]]:
     """One request's row [K+1] (int32, vLLM's lossless verdict on its n drafts, PAD after its
     target token) rebuilt under the lossy rule; returns the row and the relaxed tokens.
 
@@ -88,7 +81,7 @@ def relax_row(
         return row, []  # every draft kept losslessly
     ids = drafts.tolist()
     kept: list[int] = ids[:accepted]
-    relaxed: list[RelaxedToken] = []
+    relaxed: list[RelaxedRow] = []
     final: int | None = None
     for j in range(accepted, n):
         if j > accepted and _lossless_keeps(j, ids[j], verdicts, greedy, draft_probs, generator):
@@ -97,7 +90,12 @@ def relax_row(
         if bool(verdicts.keep[j]):
             kept.append(ids[j])
             relaxed.append(
-                RelaxedToken(j + 1, int(verdicts.top[j]), float(verdicts.p_draft[j]), float(verdicts.p_top[j]))
+                RelaxedRow(
+                    position=j + 1,
+                    target_id=int(verdicts.top[j]),
+                    p_draft=float(verdicts.p_draft[j]),
+                    p_target=float(verdicts.p_top[j]),
+                )
             )
             continue
         # neither rule keeps draft j: the target's token ends the row (vLLM's own at its rejection)
@@ -151,14 +149,14 @@ def relax_rows(
     greedy: list[bool],
     draft_probs: torch.Tensor | None = None,
     generators: dict[int, torch.Generator] | None = None,
-) -> dict[int, list[RelaxedToken]]:
+) -> dict[int, list[RelaxedRow]]:
     """vLLM's whole verified batch under the lossy rule, rebuilt in place.
 
     ``out`` [B, max_spec_len + 1] int32 (vLLM's lossless rows), ``drafts`` [T] (every request's
     drafts, concatenated), ``num_drafts`` [B], ``logits`` [T, V] (processed), ``bonus`` [B, 1],
     ``greedy`` [B], ``draft_probs`` [T, V] or None, ``generators`` batch index -> the request's
     own. Returns batch index -> its relaxed tokens (rows with none are left out)."""
-    relaxed: dict[int, list[RelaxedToken]] = {}
+    relaxed: dict[int, list[RelaxedRow]] = {}
     start = 0
     for r, n in enumerate(num_drafts):
         seg = slice(start, start + n)

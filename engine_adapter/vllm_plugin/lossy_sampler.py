@@ -12,8 +12,8 @@ one target token, then padding: the contract vLLM's scheduler counts by).
 
 The rule travels with each step: the scheduler sets ``RULE_ATTR`` (the rule's dict, or absent
 for lossless) on the ``SchedulerOutput``; ``execute_model`` reads it. The relaxed tokens go
-back on the ``ModelRunnerOutput`` as ``RELAXED_ATTR``: request id -> [[draft position (1-based),
-target's own token, p(draft), p(target's token)], ...], pickled to the scheduler's process.
+back on the ``ModelRunnerOutput`` as ``RELAXED_ATTR``: request id -> [``wire.RelaxedRow``] (the
+record the tap sends on, as it is), pickled to the scheduler's process.
 A failure in the lossy rule never stops the engine: the step keeps vLLM's lossless rows.
 
 The same wrapper captures the draft ids the sampler verified (``side_channel.VerifiedDrafts``)
@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 import vllm.v1.sample.rejection_sampler as rejection_sampler_module
 
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
-from engine_adapter.vllm_plugin.acceptance_rules import RELAXED_ATTR, RULE_ATTR, RelaxedToken, relax_rows
+from engine_adapter.vllm_plugin.acceptance_rules import RELAXED_ATTR, RULE_ATTR, relax_rows
 from engine_adapter.vllm_plugin.side_channel import VERIFIED_ATTR, VerifiedDrafts, attach
 from engine_adapter.vllm_plugin.vllm_seam import require_tested_vllm
+from engine_adapter.vllm_plugin.wire import RelaxedRow
 
 require_tested_vllm()  # the names this module pins are vllm_seam's, checked for one vLLM release
 
@@ -49,7 +50,7 @@ class RuleStep:
     """The rule of the step in progress and what it relaxed (batch row -> tokens)."""
 
     rule: AcceptanceRule = LOSSLESS
-    relaxed: dict[int, list[RelaxedToken]] = field(default_factory=dict)
+    relaxed: dict[int, list[RelaxedRow]] = field(default_factory=dict)
     verified: VerifiedDrafts | None = None  # the drafts the sampler verified, the step in progress
     failed: int = 0
 
@@ -143,15 +144,11 @@ class AcceptanceRuleMixin:
         return attach(out, lambda output: report(output.req_ids, relaxed, verified))
 
 
-def report(req_ids: list[str], relaxed: dict[int, list[RelaxedToken]], verified: VerifiedDrafts | None) -> dict:
+def report(req_ids: list[str], relaxed: dict[int, list[RelaxedRow]], verified: VerifiedDrafts | None) -> dict:
     """The step's side-channel attributes for the scheduler (pickled back with the output)."""
     attributes: dict = {}
     if relaxed:
-        attributes[RELAXED_ATTR] = {
-            req_ids[r]: [[t.position, t.target_id, t.p_draft, t.p_target] for t in tokens]
-            for r, tokens in relaxed.items()
-            if r < len(req_ids)
-        }
+        attributes[RELAXED_ATTR] = {req_ids[r]: tokens for r, tokens in relaxed.items() if r < len(req_ids)}
     if verified is not None:
         try:
             attributes[VERIFIED_ATTR] = verified.by_request(req_ids)

@@ -61,6 +61,9 @@ from engine_adapter.vllm_plugin.wire import (
     CATCH_UP_TOKENS_ENV,
     CONTROL_ADDR_ENV,
     DEFAULT_CATCH_UP_TOKENS,
+    AuctionRow,
+    BidRow,
+    RelaxedRow,
     decode_control,
 )
 
@@ -86,7 +89,7 @@ class PolicyHooksMixin:
         # so switching the auction on starts from what the engine has seen
         self._estimator = SlotEstimator(k_max=max(self.num_spec_tokens, 1))
         self._auction_cost: CostModel | None = None
-        self._decisions: dict[int, list] = {}  # id(scheduler_output) -> the auction's decision
+        self._decisions: dict[int, AuctionRow] = {}  # id(scheduler_output) -> the auction's decision
         # requests whose draft model skipped their tokens at a K=0 step (idle_drafter.py):
         # its cache has a hole for them (what that means for their drafts: ``_hole``)
         self._idle_drafter = is_idle_drafter_worker(self.vllm_config.parallel_config.worker_cls)
@@ -109,7 +112,7 @@ class PolicyHooksMixin:
         # the acceptance rule, engine-wide (None = vLLM's lossless rule): named on every step's
         # SchedulerOutput for the worker (lossy_sampler.py), which says what it relaxed
         self._acceptance: dict | None = None
-        self._relaxed_now: dict[str, list] = {}  # request -> relaxed drafts, the step being published
+        self._relaxed_now: dict[str, list[RelaxedRow]] = {}  # request -> relaxed drafts, the step being published
         # (monotonic s, batch size) of the last steps, for k_policy.idle_drafter_k
         self._recent_batches: deque[tuple[float, int]] = deque(maxlen=RECENT_PEAK_STEPS)
         if control and self.dynamic_sd_lookup is not None:
@@ -157,7 +160,7 @@ class PolicyHooksMixin:
         )
 
     # --- the slot auction -------------------------------------------------------
-    def _run_auction(self) -> list | None:
+    def _run_auction(self) -> AuctionRow | None:
         """Trim each running request's drafts to its admitted slots (before vLLM schedules),
         and set how deep the drafter proposes next (the ceiling).
 
@@ -185,7 +188,7 @@ class PolicyHooksMixin:
         self.dynamic_sd_lookup = [ceiling] * len(self.dynamic_sd_lookup)
         drafting = [r for r in self.running if r.spec_token_ids]  # lost ones were trimmed already
         if not drafting:
-            return [0, [], ceiling]
+            return AuctionRow(slots=0, bids=[], ceiling=ceiling)
         scores = {r.request_id: full[r.request_id][: len(r.spec_token_ids)] for r in drafting}
         k_drafted = max(len(r.spec_token_ids) for r in drafting)
         res = auction(scores, cost, batch_size=b, k_drafted=k_drafted)
@@ -193,8 +196,11 @@ class PolicyHooksMixin:
             n = res.admitted[r.request_id]
             if n < len(r.spec_token_ids):
                 r.spec_token_ids = list(r.spec_token_ids[:n])
-        bids = [[rid, [round(x, 4) for x in sc], res.admitted[rid]] for rid, sc in scores.items()]
-        return [res.slots, bids, ceiling]
+        bids = [
+            BidRow(engine_request_id=rid, scores=[round(x, 4) for x in sc], admitted=res.admitted[rid])
+            for rid, sc in scores.items()
+        ]
+        return AuctionRow(slots=res.slots, bids=bids, ceiling=ceiling)
 
     def _step_batch(self) -> tuple[list, int]:
         """The step's new requests and its batch size: the running requests plus the
@@ -384,14 +390,14 @@ class PolicyHooksMixin:
     def _drafted_across(self, req_id: str) -> bool:
         return req_id in self._across_now
 
-    def _relaxed(self, req_id: str) -> list:
+    def _relaxed(self, req_id: str) -> list[RelaxedRow]:
         return self._relaxed_now.get(req_id, [])
 
     def _rule_name(self, scheduler_output) -> str:
         rule = getattr(scheduler_output, RULE_ATTR, None)
         return rule["name"] if rule else "lossless"
 
-    def _step_decision(self, scheduler_output) -> list | None:
+    def _step_decision(self, scheduler_output) -> AuctionRow | None:
         return self._decisions.pop(id(scheduler_output), None)
 
     def _forget_gone(self) -> None:

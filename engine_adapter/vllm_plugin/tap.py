@@ -44,8 +44,9 @@ import traceback
 
 import zmq
 
+from engine_adapter.acceptance_rule import lossless_accepted
 from engine_adapter.vllm_plugin.side_channel import VERIFIED_ATTR
-from engine_adapter.vllm_plugin.wire import TAP_ADDR_ENV, encode_step
+from engine_adapter.vllm_plugin.wire import TAP_ADDR_ENV, AuctionRow, RelaxedRow, TapRequestStep, TapStep, encode_step
 
 HOUSEKEEPING_STEPS = 256  # every this many published steps, forget requests vLLM no longer holds
 
@@ -120,7 +121,7 @@ class TapMixin:
         """One request's verdict this step; returns whether its drafter is idle."""
         return False
 
-    def _step_decision(self, scheduler_output) -> list | None:
+    def _step_decision(self, scheduler_output) -> AuctionRow | None:
         return None
 
     def _caught_up(self, req_id: str) -> int:
@@ -131,7 +132,7 @@ class TapMixin:
         """Whether the request's drafts verified in the step being published were made across a hole."""
         return False
 
-    def _relaxed(self, req_id: str) -> list:
+    def _relaxed(self, req_id: str) -> list[RelaxedRow]:
         """The request's drafts kept only by a lossy acceptance rule in the step being published."""
         return []
 
@@ -189,9 +190,8 @@ class TapMixin:
     # --- the message ----------------------------------------------------------
     def _request_rows(
         self, scheduler_output, num_sampled: dict[str, int], result, skipped: set[str], verified: dict | None
-    ) -> list[list]:
-        """[engine_request_id, drafted, accepted, emitted, finish_reason, num_prompt_tokens, drafter_idle,
-        caught_up, drafted_across, relaxed, num_drafted] per request vLLM processed (``wire.py``)."""
+    ) -> list[TapRequestStep]:
+        """One ``wire.TapRequestStep`` per request vLLM processed in the step."""
         # ids appended to each request's output this step, after stop checks
         emitted: dict[str, tuple[list[int], str | None]] = {}
         for outs in result.values():
@@ -204,23 +204,30 @@ class TapMixin:
             if req_id in skipped:
                 continue
             num_drafted = len(spec.get(req_id) or ())  # vLLM's count (async: of placeholders)
-            drafted = exact_drafts(verified, req_id, num_drafted)
             n_sampled = num_sampled.get(req_id, 0)
-            # vLLM's own rule (Scheduler.update_from_output): accepted =
-            # sampled - 1, counted only when drafts were verified and sampled.
+            # vLLM's own rule (Scheduler.update_from_output): accepted = sampled - 1, counted only when
+            # drafts were verified and sampled
             accepted = max(n_sampled - 1, 0) if (num_drafted and n_sampled) else 0
             ids, reason = emitted.get(req_id, ([], None))
             relaxed = self._relaxed(req_id)
-            # the estimators learn the lossless verdict: every draft before the first relaxed one was
-            # kept by vLLM's own rule, and that one was rejected by it
-            lossless = min(accepted, relaxed[0][0] - 1) if relaxed else accepted
-            idle = self._observe_request(req_id, num_drafted, lossless, reason is not None)
+            # the estimators learn vLLM's own verdict, not the lossy rule's
+            kept = lossless_accepted(accepted, [r.position for r in relaxed])
+            idle = self._observe_request(req_id, num_drafted, kept, reason is not None)
             request = self.requests.get(req_id)
-            n_prompt = request.num_prompt_tokens if request is not None else 0
-            across = bool(num_drafted) and self._drafted_across(req_id)
-            caught_up = self._caught_up(req_id)
             rows.append(
-                [req_id, drafted, accepted, ids, reason, n_prompt, idle, caught_up, across, relaxed, num_drafted]
+                TapRequestStep(
+                    engine_request_id=req_id,
+                    drafted=exact_drafts(verified, req_id, num_drafted),
+                    accepted=accepted,
+                    emitted=ids,
+                    finish_reason=reason,
+                    num_prompt_tokens=request.num_prompt_tokens if request is not None else 0,
+                    num_drafted=num_drafted,
+                    drafter_idle=idle,
+                    caught_up=self._caught_up(req_id),
+                    drafted_across=bool(num_drafted) and self._drafted_across(req_id),
+                    relaxed=relaxed,
+                )
             )
         return rows
 
@@ -238,22 +245,23 @@ class TapMixin:
             self._forget_gone()
         now = time.monotonic()
         tap.seq += 1
-        payload = encode_step(
-            tap.seq,
-            now,
-            t_pre - start + (t_in - t_pre - pre_s),  # vLLM's time, ours excluded
-            now - tap.last_end,
-            len(num_scheduled),
-            scheduler_output.num_spec_tokens_to_schedule,
-            scheduler_output.total_num_scheduled_tokens,
-            tap.last_tap_s,
-            tap.dropped,
-            reqs,
-            controls,
-            decision,
-            self._rule_name(scheduler_output),
-            sorted(skipped),
+        step = TapStep(
+            seq=tap.seq,
+            t=now,
+            wall_s=t_pre - start + (t_in - t_pre - pre_s),  # vLLM's time, ours excluded
+            interval_s=now - tap.last_end,
+            batch_size=len(num_scheduled),
+            k=scheduler_output.num_spec_tokens_to_schedule,
+            num_tokens=scheduler_output.total_num_scheduled_tokens,
+            tap_s=tap.last_tap_s,
+            dropped=tap.dropped,
+            reqs=reqs,
+            controls=controls,
+            auction=decision,
+            rule=self._rule_name(scheduler_output),
+            skipped=sorted(skipped),
         )
+        payload = encode_step(step)
         tap.publish(payload)
         tap.last_end = now
         tap.last_tap_s = time.perf_counter() - t_in + pre_s + tap.policy_s

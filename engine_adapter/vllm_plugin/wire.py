@@ -4,56 +4,28 @@ Contract: the tap (inside vLLM's engine-core process) calls ``encode_step``;
 the adapter (in the app's process) calls ``decode_step``. Both sides import
 only this module for the format, so it holds no vLLM and no UI imports.
 
-A step message is a msgpack array (compact, ~1 us to encode for a small batch):
-
-    [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule,
-     skipped]
-
-- seq:         engine step counter (int, starts at 1, counts steps with work)
-- t:           time.monotonic() at the end of the step, seconds (CLOCK_MONOTONIC
-               is system-wide on Linux, so it compares across processes)
-- wall_s:      seconds from the start of ``schedule()`` to the end of
-               ``update_from_output()`` for this step
-- interval_s:  seconds since the previous step ended (idle time included)
-- batch_size:  number of requests scheduled in the step
-- k:           num_spec_tokens_to_schedule, the K in force for the step
-- num_tokens:  total tokens scheduled (prefill chunks + 1 + drafts per request)
-- tap_s:       seconds the tap itself spent on the PREVIOUS step, send included
-               (live K policies' commands and the slot auction included)
-- dropped:     messages dropped so far because no reader kept up
-- reqs:        list of [engine_request_id, drafted_ids, accepted, emitted_ids,
-               finish_reason_or_None, num_prompt_tokens, drafter_idle, caught_up,
-               drafted_across, relaxed, num_drafted]
-               (drafted_ids: the ids the worker verified, exact, or None where it
-               sent none (then num_drafted is all that is known; never a
-               placeholder); num_drafted: vLLM's count of drafts verified);
-               (drafter_idle: the draft model has a hole for this request, from a
-               K=0 step it skipped: no drafts for it until caught up, or drafts
-               made across the hole once it outgrew the catch-up budget;
-               caught_up: tokens the draft model re-ran for it in this step to
-               fill that hole, 0 otherwise; drafted_across: the drafts verified
-               in this step were made across such a hole; see idle_drafter.py
-               and catch_up.py);
-               relaxed: the drafts kept only by a lossy acceptance rule, [[draft
-               position (1-based), the target's own token, p(draft), p(target's
-               token)], ...] (``lossy_sampler.py``); [] under the lossless rule
-- skipped:     engine request ids scheduled in the step that vLLM's
-               ``update_from_output`` did not process (aborted or finished while
-               the step ran): counted in batch_size, absent from reqs (vLLM's
-               metrics do not count them either)
-- controls:    control messages applied so far (an acknowledgement: the step
-               that first carries n was scheduled under the n-th command)
-- auction:     None, or the slot auction's decision for this step:
-               [slots_admitted, [[engine_request_id, [survival per position], admitted], ...],
-                ceiling (positions the drafter proposes from the next step on)]
-- rule:        the acceptance rule the step was verified under ("lossless", "relaxed", "typical")
+A step message is a ``TapStep`` encoded with msgspec as a msgpack array (``array_like``: its
+fields in order, trailing defaults left out; about 1 us to encode for a small batch), one
+``TapRequestStep`` per request vLLM processed, each field typed and commented below. ``t`` is
+``time.monotonic()`` at the end of the step (CLOCK_MONOTONIC is system-wide on Linux, so it
+compares across processes); ``wall_s`` is vLLM's time for the step from the start of
+``schedule()`` to the end of ``update_from_output()``, the tap's own excluded; ``tap_s`` is the
+tap's time on the previous step (live K policies and the auction included); ``dropped`` counts
+messages dropped because no reader kept up; ``skipped`` lists requests scheduled in the step that
+vLLM's ``update_from_output`` did not process (aborted or finished meanwhile: counted in
+``batch_size``, absent from ``reqs``, as vLLM's metrics leave them out); ``controls`` counts the
+control messages applied so far (the step that first carries n was scheduled under the n-th
+command); ``rule`` is the acceptance rule the step was verified under ("lossless", "relaxed",
+"typical"). A request's ``drafted`` is None where the worker sent no ids (then ``num_drafted`` is
+all that is known; never a placeholder); ``drafter_idle``, ``caught_up`` and ``drafted_across``
+describe the idle draft model's holes (``idle_drafter.py``, ``catch_up.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import msgspec
+
+from engine_adapter.acceptance_rule import lossless_accepted
 
 TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 # The control channel, adapter -> tap: msgpack dicts, e.g.
@@ -69,30 +41,59 @@ CATCH_UP_TOKENS_ENV = "SPEC_EXPLORER_CATCH_UP_TOKENS"
 DEFAULT_CATCH_UP_TOKENS = 128  # a long prompt's draft prefill: about 1.3-1.9 s of the packaged 0.5B on 2 CPU cores
 
 
-@dataclass(frozen=True, slots=True)
-class TapRequestStep:
+class RelaxedRow(msgspec.Struct, array_like=True, frozen=True):
+    """A draft kept only by a lossy acceptance rule (``lossy_sampler.py``)."""
+
+    position: int  # 1-based draft position
+    target_id: int  # the target's own token there (what vLLM's rule would have emitted)
+    p_draft: float  # the target's probability of the draft
+    p_target: float  # the target's probability of its own token
+
+
+class BidRow(msgspec.Struct, array_like=True, frozen=True):
+    """One request's bid in the slot auction."""
+
+    engine_request_id: str
+    scores: list[float]  # survival per draft position
+    admitted: int  # draft slots it was granted
+
+
+class AuctionRow(msgspec.Struct, array_like=True, frozen=True):
+    """The slot auction's decision for a step."""
+
+    slots: int  # draft slots admitted in all
+    bids: list[BidRow]
+    ceiling: int  # positions the drafter proposes from the next step on
+
+
+class TapRequestStep(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """One request in one engine step, as vLLM processed it."""
+
     engine_request_id: str
     drafted: list[int] | None  # draft ids verified this step, [K_eff]; [] = no draft; None = count only
-    accepted: int  # drafts the target kept, 0..len(drafted)
+    accepted: int  # drafts the target kept, 0..num_drafted (relaxed ones included, as vLLM counts)
     emitted: list[int]  # ids appended to the output (accepted + 1, or fewer at a stop)
     finish_reason: str | None
     num_prompt_tokens: int
+    num_drafted: int  # drafts verified this step (vLLM's count)
     drafter_idle: bool = False
     caught_up: int = 0  # tokens the draft model re-ran for it this step (its KV hole filled)
     drafted_across: bool = False  # the drafts verified this step were made across a hole (blank tokens)
-    # drafts kept only by a lossy rule: [[position (1-based), target's token, p(draft), p(target's token)]]
-    relaxed: list = field(default_factory=list)
-    num_drafted: int = -1  # drafts verified this step; -1 (the default) = len(drafted)
+    relaxed: list[RelaxedRow] = []  # drafts kept only by a lossy rule, by position
 
     def __post_init__(self) -> None:
-        if self.num_drafted < 0:
-            object.__setattr__(self, "num_drafted", len(self.drafted or ()))
-        elif self.drafted is not None and len(self.drafted) != self.num_drafted:
+        if self.drafted is not None and len(self.drafted) != self.num_drafted:
             raise ValueError(f"{len(self.drafted)} draft ids for num_drafted={self.num_drafted}")
 
+    @property
+    def lossless_accepted(self) -> int:
+        """Drafts vLLM's own rule kept (``acceptance_rule.lossless_accepted``)."""
+        return lossless_accepted(self.accepted, [r.position for r in self.relaxed])
 
-@dataclass(frozen=True, slots=True)
-class TapStep:
+
+class TapStep(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True):
+    """One engine step: the message the tap sends, as the receiver decodes it."""
+
     seq: int
     t: float
     wall_s: float
@@ -104,55 +105,23 @@ class TapStep:
     dropped: int
     reqs: list[TapRequestStep]
     controls: int = 0
-    auction: list | None = None
+    auction: AuctionRow | None = None
     rule: str = "lossless"
-    skipped: tuple[str, ...] = ()
+    skipped: list[str] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder()
+_step_decoder = msgspec.msgpack.Decoder(TapStep)
+_control_decoder = msgspec.msgpack.Decoder()
 
 
-def encode_step(
-    seq: int,
-    t: float,
-    wall_s: float,
-    interval_s: float,
-    batch_size: int,
-    k: int,
-    num_tokens: int,
-    tap_s: float,
-    dropped: int,
-    reqs: list[list],
-    controls: int = 0,
-    auction: list | None = None,
-    rule: str = "lossless",
-    skipped: list[str] | None = None,
-) -> bytes:
-    fields = [seq, t, wall_s, interval_s, batch_size, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule]
-    return _encoder.encode([*fields, skipped or []])
+def encode_step(step: TapStep) -> bytes:
+    return _encoder.encode(step)
 
 
 def decode_step(payload: bytes) -> TapStep:
-    seq, t, wall_s, interval_s, bs, k, num_tokens, tap_s, dropped, reqs, controls, auction, rule, skipped = (
-        _decoder.decode(payload)
-    )
-    return TapStep(
-        seq=seq,
-        t=t,
-        wall_s=wall_s,
-        interval_s=interval_s,
-        batch_size=bs,
-        k=k,
-        num_tokens=num_tokens,
-        tap_s=tap_s,
-        dropped=dropped,
-        reqs=[TapRequestStep(*r) for r in reqs],
-        controls=controls,
-        auction=auction,
-        rule=rule,
-        skipped=tuple(skipped),
-    )
+    """The step a message carries; ``msgspec.DecodeError`` (``ValidationError`` included) when it is not one."""
+    return _step_decoder.decode(payload)
 
 
 def encode_control(message: dict) -> bytes:
@@ -160,4 +129,4 @@ def encode_control(message: dict) -> bytes:
 
 
 def decode_control(payload: bytes) -> dict:
-    return _decoder.decode(payload)
+    return _control_decoder.decode(payload)

@@ -13,7 +13,8 @@ from engine_adapter.vllm_plugin.catch_up import (
     select_within_budget,
     update_missed,
 )
-from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep
+from engine_adapter.vllm_plugin.wire import TapRequestStep
+from tests.support.tap_records import tap_step
 
 # A first pass of three requests, as vLLM's padded drafter batch lays it out:
 # r0 a decode with 2 drafts at positions 10-12, r1 a decode at 20, r2 a prefill chunk at 0-3.
@@ -205,9 +206,19 @@ def test_the_tap_summary_leaves_drafts_across_a_hole_out_of_the_per_position_cou
     rows, accepted_per_pos, reached_per_pos, totals
 ):
     reqs = [
-        TapRequestStep(f"cmpl-r{i}-0-1a2b3c4d", list(range(n)), a, [0] * (a + 1), None, 10, True, 0, across)
+        TapRequestStep(
+            engine_request_id=f"cmpl-r{i}-0-1a2b3c4d",
+            drafted=list(range(n)),
+            accepted=a,
+            emitted=[0] * (a + 1),
+            finish_reason=None,
+            num_prompt_tokens=10,
+            num_drafted=n,
+            drafter_idle=True,
+            drafted_across=across,
+        )
         for i, (n, a, across) in enumerate(rows)
     ]
-    s = summarize(TapStep(1, 1.0, 0.01, 0.01, len(rows), 3, 4 * len(rows), 0.0, 0, reqs))
+    s = summarize(tap_step(batch_size=len(rows), k=3, num_tokens=4 * len(rows), reqs=reqs))
     assert (s.accepted_per_pos, s.reached_per_pos) == (accepted_per_pos, reached_per_pos)
     assert (s.num_drafted, s.num_accepted) == totals

@@ -16,7 +16,7 @@ from engine_adapter.policy.profiler import (
     profile_cells,
 )
 from engine_adapter.records import is_profile_request, profile_request_id, visitor_count
-from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep
+from tests.support.tap_records import tap_row, tap_step
 
 
 @pytest.mark.parametrize(
@@ -98,9 +98,9 @@ def test_profiling_ids_are_marked_and_have_no_dash(tag):
 )
 def test_the_tap_summary_counts_the_profilers_requests(ids, skipped, profiling):
     engine_id = "cmpl-{}-0-1a2b3c4d".format
-    reqs = [TapRequestStep(engine_id(rid), [5, 6], 1, [5, 7], None, 10) for rid in ids]
+    reqs = [tap_row(engine_id(rid), drafted=[5, 6], accepted=1, emitted=[5, 7]) for rid in ids]
     n = len(ids) + len(skipped)
-    step = TapStep(1, 1.0, 0.01, 0.01, n, 2, 3 * n, 0.0, 0, reqs, skipped=tuple(map(engine_id, skipped)))
+    step = tap_step(batch_size=n, k=2, num_tokens=3 * n, reqs=reqs, skipped=[engine_id(s) for s in skipped])
     assert summarize(step).profiling_requests == profiling
 
 

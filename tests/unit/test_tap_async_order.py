@@ -179,7 +179,7 @@ def test_async_order_publishes_exact_drafts_skips_finished_and_acknowledges_per_
     )
     assert (b.drafted, b.accepted, b.emitted) == ([21, 22, 23], 1, [21, 99])
     assert [r.engine_request_id for r in step_n1.reqs] == ["b"]  # a was not published again
-    assert (step_n1.batch_size, step_n1.skipped, step_n.skipped) == (2, ("a",), ())  # scheduled, named as skipped
+    assert (step_n1.batch_size, step_n1.skipped, step_n.skipped) == (2, ["a"], [])  # scheduled, named as skipped
     (b1,) = step_n1.reqs
     assert (b1.drafted, b1.num_drafted, b1.accepted) == (None, 3, 3)  # a count, never a placeholder
     assert PLACEHOLDER not in [t for s in (step_n, step_n1) for r in s.reqs for t in (r.drafted or [])]

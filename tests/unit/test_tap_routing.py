@@ -7,16 +7,18 @@ import uuid
 
 import pytest
 
+from engine_adapter.engine.step_stream import TapRow
 from engine_adapter.engine.tap_receiver import TapReceiver
 from engine_adapter.vllm_plugin.wire import TapRequestStep, TapStep
+from tests.support.tap_records import tap_row, tap_step
 
 
 def _row(rid: str) -> TapRequestStep:
-    return TapRequestStep(f"cmpl-{rid}-0-0123abcd", [5], 1, [5, 6], None, 4)
+    return tap_row(f"cmpl-{rid}-0-0123abcd", drafted=[5], accepted=1, emitted=[5, 6])
 
 
 def _step(rids: list[str]) -> TapStep:
-    return TapStep(1, 10.0, 0.1, 0.1, len(rids), 1, 2 * len(rids), 0.0, 0, [_row(r) for r in rids])
+    return tap_step(batch_size=len(rids), k=1, num_tokens=2 * len(rids), reqs=[_row(r) for r in rids])
 
 
 @pytest.mark.parametrize(
@@ -37,7 +39,9 @@ def test_a_step_wakes_the_first_requests_consumers_first(engine_order, first, ex
             queues = {r: tap.register(r, first=r in first) for r in engine_order if r != "gone"}
 
             async def consume(rid: str) -> None:
-                _step_, row = await queues[rid].get()
+                event = await queues[rid].get()
+                assert isinstance(event, TapRow)
+                row = event.row
                 assert row.engine_request_id.startswith(f"cmpl-{rid}-")
                 woken.append(rid)
 
