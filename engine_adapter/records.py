@@ -253,3 +253,66 @@ SWEEP_COLUMNS: tuple[str, ...] = (
     "effective_k",
     "draft_acceptance_rate",
 )
+
+
+# the server-wide counters a PromSnapshot keeps (engine.prometheus reads them from vLLM's /metrics)
+PROM_COUNTER_KEYS = (
+    "drafts",
+    "draft_tokens",
+    "accepted_tokens",
+    "generation_tokens",
+    "prompt_tokens",
+    "requests_finished",
+)
+
+
+@dataclass(frozen=True)
+class PromSnapshot:
+    t: float  # time.monotonic() when read
+    counters: dict[str, float]
+    accepted_per_pos: dict[int, float]
+    running: float  # vllm:num_requests_running
+    waiting: float  # vllm:num_requests_waiting
+
+    def __sub__(self, earlier: PromSnapshot) -> PromDelta:
+        d = {k: self.counters.get(k, 0.0) - earlier.counters.get(k, 0.0) for k in PROM_COUNTER_KEYS}
+        positions = sorted(set(self.accepted_per_pos) | set(earlier.accepted_per_pos))
+        per_pos = [self.accepted_per_pos.get(p, 0.0) - earlier.accepted_per_pos.get(p, 0.0) for p in positions]
+        return PromDelta(seconds=self.t - earlier.t, counts=d, accepted_per_pos=per_pos, running=self.running)
+
+
+@dataclass(frozen=True)
+class PromDelta:
+    seconds: float
+    counts: dict[str, float]
+    accepted_per_pos: list[float] = field(default_factory=list)
+    running: float = 0.0
+
+    @property
+    def effective_k(self) -> float | None:
+        drafts = self.counts["drafts"]
+        return self.counts["draft_tokens"] / drafts if drafts else None
+
+    @property
+    def draft_acceptance_rate(self) -> float | None:
+        n = self.counts["draft_tokens"]
+        return self.counts["accepted_tokens"] / n if n else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        drafts = self.counts["drafts"]
+        return 1.0 + self.counts["accepted_tokens"] / drafts if drafts else None
+
+    @property
+    def per_position_acceptance(self) -> list[float | None]:
+        """P(position i kept | position i reached); position 1 is reached by every draft."""
+        out: list[float | None] = []
+        reached = self.counts["drafts"]
+        for accepted in self.accepted_per_pos:
+            out.append(accepted / reached if reached else None)
+            reached = accepted  # position i+1 is reached only if i was kept
+        return out
+
+    @property
+    def generation_tokens_per_second(self) -> float:
+        return self.counts["generation_tokens"] / self.seconds if self.seconds > 0 else 0.0

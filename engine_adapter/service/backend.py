@@ -28,9 +28,9 @@ from engine_adapter.service.restart_gate import RestartTicket
 
 if TYPE_CHECKING:  # types only: the explorer never imports the engine or the policy layer
     from engine_adapter.engine.launcher import StartProgress
-    from engine_adapter.engine.prometheus import PromSnapshot
     from engine_adapter.policy.controller import PolicyState
     from engine_adapter.policy.live_state import PolicyView
+    from engine_adapter.records import PromSnapshot
     from engine_adapter.service.load import LoadStats
 
 __all__ = [

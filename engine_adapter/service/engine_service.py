@@ -39,12 +39,11 @@ from typing import Any
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.launcher import StartProgress
 from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine.prometheus import PromSnapshot
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicySpec, PolicyState
 from engine_adapter.policy.live_state import LivePolicy, PolicyView
 from engine_adapter.policy.profiler import ProfileProgress
-from engine_adapter.records import EngineStep, RequestResult, Step
+from engine_adapter.records import EngineStep, PromSnapshot, RequestResult, Step
 from engine_adapter.service.backend import (
     LIVE,
     LOCAL_VISITOR,

@@ -20,8 +20,8 @@ from collections.abc import Callable
 import httpx
 
 from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine.prometheus import PromSnapshot, fetch_snapshot
-from engine_adapter.records import EngineStep
+from engine_adapter.engine.prometheus import fetch_snapshot
+from engine_adapter.records import EngineStep, PromSnapshot
 
 
 class EngineHistory:

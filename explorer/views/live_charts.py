@@ -33,7 +33,7 @@ from plotly.subplots import make_subplots
 from engine_adapter.records import EngineStep
 
 if TYPE_CHECKING:
-    from engine_adapter.engine.prometheus import PromSnapshot
+    from engine_adapter.records import PromSnapshot
     from engine_adapter.service.backend import Backend
 
 WINDOW_S = 180.0  # seconds of history every live chart (and its CSV) shows

@@ -57,6 +57,8 @@ ALLOWED: dict[str, set[str]] = {
 }
 # third-party packages only some layers may touch
 ONLY_IN = {"vllm": {"vllm_plugin"}, "gradio": {"explorer", "app"}, "torch": {"vllm_plugin", "engine"}}
+# layer -> packages it never imports, not even for annotations (the explorer sees a Backend, never an engine)
+NEVER = {"explorer": ("engine_adapter.engine", "engine_adapter.vllm_plugin")}
 PURE_MODULES = (
     VOCABULARY
     | PURE_POLICY
@@ -137,6 +139,8 @@ def violations() -> list[str]:
                 bad.append(f"{where}: nothing imports a CLI or app.py")
             elif top in ONLY_IN and layer not in ONLY_IN[top]:
                 bad.append(f"{where}: {top} belongs to {sorted(ONLY_IN[top])} only")
+            elif any(allowed(target, {f"{pkg}.*"}) or target == pkg for pkg in NEVER.get(layer, ())):
+                bad.append(f"{where}: the {layer} layer never imports {target}, even for annotations")
             elif name in PURE_MODULES and top in NOT_PURE and not typing_only:
                 bad.append(f"{where}: a pure module imports no I/O or engine library")
             elif top in ("engine_adapter", "explorer") and not typing_only and not allowed(target, ALLOWED[layer]):
@@ -191,11 +195,19 @@ def test_a_broken_rule_is_caught(tmp_path, monkeypatch):
     """The check is not vacuous: an explorer module importing the engine client fails it."""
     bad = tmp_path / "explorer" / "leak.py"
     bad.parent.mkdir()
-    bad.write_text("from engine_adapter.engine.client import EngineClient\nimport vllm\n")
+    bad.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from engine_adapter.service.load import run_prompts\n"
+        "import vllm\n"
+        "if TYPE_CHECKING:\n"
+        "    from engine_adapter.engine.prometheus import parse_metrics\n"
+    )
     monkeypatch.setattr(f"{__name__}.modules", lambda: [("explorer.leak", bad)])
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     found = violations()
-    assert len(found) == 2 and "not allowed for the explorer layer" in found[0] and "vllm belongs" in found[1]
+    assert len(found) == 3
+    assert "not allowed for the explorer layer" in found[0] and "vllm belongs" in found[1]
+    assert "never imports engine_adapter.engine.prometheus, even for annotations" in found[2]
 
 
 def test_an_import_of_another_test_file_is_caught(tmp_path):

@@ -164,3 +164,10 @@ def test_delta_without_spec_metrics():
     assert d.effective_k is None and d.draft_acceptance_rate is None and d.mean_acceptance_length is None
     assert d.per_position_acceptance == []
     assert d.generation_tokens_per_second == pytest.approx(20.0)
+
+
+def test_every_counter_read_is_one_a_snapshot_keeps():
+    from engine_adapter.engine.prometheus import VLLM_COUNTERS
+    from engine_adapter.records import PROM_COUNTER_KEYS
+
+    assert sorted(VLLM_COUNTERS.values()) == sorted(PROM_COUNTER_KEYS)
