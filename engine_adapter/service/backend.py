@@ -117,7 +117,7 @@ class RecordingStatus:
     max_bytes: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServiceStatus:
     state: State
     progress: StartProgress | None

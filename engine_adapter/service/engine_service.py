@@ -90,7 +90,9 @@ class EngineService:
         self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)
         self._thread.start()
         self._engine: LiveEngine | None = None
-        self._status = ServiceStatus("idle", None, None, None, None, False, 0)
+        self._status = ServiceStatus(
+            state="idle", progress=None, error=None, config=None, url=None, attached=False, generation=0
+        )
         self.guard = EngineGuard(self)  # dead or hung engine -> clear status, restart with back-off
         self._launch: tuple = (None, None)  # (config, attach) of the last (re)start, for the guard
         self._lock = asyncio.Lock()  # created lazily in our loop (see _locked)

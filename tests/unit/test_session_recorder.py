@@ -34,7 +34,13 @@ class FakeService:
         from engine_adapter.engine_config import EngineConfig
 
         return ServiceStatus(
-            self.state, None, None, EngineConfig(method="draft", k=3), "http://x", False, self.generation
+            state=self.state,
+            progress=None,
+            error=None,
+            config=EngineConfig(method="draft", k=3),
+            url="http://x",
+            attached=False,
+            generation=self.generation,
         )
 
     def steps_since(self, t: float) -> list[EngineStep]:

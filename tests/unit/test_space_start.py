@@ -27,7 +27,16 @@ class OneStatus:
 
 
 def line(state: str, progress: StartProgress | None = None, error: str | None = None, fault: str | None = None) -> str:
-    st = ServiceStatus(state, progress, error, EngineConfig(), "http://127.0.0.1:1", False, 1, fault=fault)
+    st = ServiceStatus(
+        state=state,
+        progress=progress,
+        error=error,
+        config=EngineConfig(),
+        url="http://127.0.0.1:1",
+        attached=False,
+        generation=1,
+        fault=fault,
+    )
     return status_markdown(OneStatus(st))
 
 
