@@ -18,7 +18,7 @@ import secrets
 import signal
 import sys
 
-from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET, METHODS, EngineConfig, validate_k_table
+from engine_adapter.engine_config import METHODS, EngineConfig, add_model_arguments, validate_k_table
 from engine_adapter.prompts import load_presets
 from engine_adapter.service.engine_service import EngineService
 
@@ -87,20 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="vLLM's own behaviour: the draft model runs its pass even at K=0 (default: it idles "
         "at K=0 and the requests it skipped get no more drafts; docs/k-policies.md, 'Idle drafter')",
     )
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto = bfloat16 on CPUs that compute in it natively (AVX-512 BF16, AMX), else float32",
-    )
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument(
-        "--kv-cache-gib",
-        type=int,
-        default=2,
-        help="the KV cache's size in GiB, on a CPU (host memory) or a GPU (GPU memory; default 2)",
-    )
+    add_model_arguments(p)
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests the engine runs at once, at most (64)")
     p.add_argument(
         "--max-num-batched-tokens",

@@ -32,7 +32,7 @@ import json
 import sys
 from typing import Any
 
-from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.engine_config import add_model_arguments
 from engine_adapter.measure.throughput import BenchSettings, bench, tap_overhead
 
 
@@ -65,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--min-requests", type=int, default=4)
     p.add_argument("--categories", default="code,math,story,translation")
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--kv-cache-gib", type=int, default=2)
+    add_model_arguments(p, dtype=False, max_model_len=False)
     p.add_argument(
         "--reserved-cpus",
         default="default",

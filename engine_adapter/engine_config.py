@@ -11,6 +11,7 @@ this module knows no platform.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from dataclasses import asdict, dataclass, field
@@ -37,6 +38,27 @@ CUDA_MAX_NUM_BATCHED_TOKENS = 8192
 # "a CPU without AVX-512") torch emulates it and a 92-token prefill
 # ran 4.3x slower than in float32, while a decode step (memory-bound) cost about the same.
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def add_model_arguments(parser: argparse.ArgumentParser, *, dtype: bool = True, max_model_len: bool = True) -> None:
+    """The engine's model flags, defined once for the app and every CLI: ``--target``, ``--draft``,
+    ``--dtype`` and ``--max-model-len`` (where the tool takes them) and ``--kv-cache-gib``."""
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--draft", default=DEFAULT_DRAFT)
+    if dtype:
+        parser.add_argument(
+            "--dtype",
+            default="auto",
+            help="auto = bfloat16 on CPUs that compute in it natively (AVX-512 BF16, AMX), else float32",
+        )
+    if max_model_len:
+        parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument(
+        "--kv-cache-gib",
+        type=int,
+        default=2,
+        help="the KV cache's size in GiB, on a CPU (host memory) or a GPU (GPU memory; default 2)",
+    )
 
 
 def cpu_dtype(cpu_flags: frozenset[str] | set[str]) -> str:

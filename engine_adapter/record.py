@@ -23,7 +23,7 @@ from pathlib import Path
 
 from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule, add_parameter_arguments, pop_parameters
 from engine_adapter.engine.launcher import EngineStartError
-from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.engine_config import add_model_arguments
 from engine_adapter.measure.recording import RecordSettings, record
 
 
@@ -43,15 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", type=int, default=1)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        help="auto = bfloat16 on CPUs that compute in it natively (AVX-512 BF16, AMX), else float32",
-    )
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument("--kv-cache-gib", type=int, default=2)
+    add_model_arguments(p)
     p.add_argument("--attach", default=None, help="record from a running vLLM server at this URL")
     p.add_argument(
         "--acceptance",

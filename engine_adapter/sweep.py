@@ -66,7 +66,7 @@ import sys
 from pathlib import Path
 
 from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule, add_parameter_arguments, pop_parameters
-from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET
+from engine_adapter.engine_config import add_model_arguments
 from engine_adapter.measure.policy_sweep import SweepSettings, sweep
 
 
@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--acceptance", default="lossless", help=f"acceptance rules, from {','.join(RULE_NAMES)}")
     add_parameter_arguments(p)
-    p.add_argument("--target", default=DEFAULT_TARGET)
-    p.add_argument("--draft", default=DEFAULT_DRAFT)
-    p.add_argument("--kv-cache-gib", type=int, default=2)
+    add_model_arguments(p, dtype=False, max_model_len=False)
     p.add_argument(
         "--reserved-cpus",
         type=int,
