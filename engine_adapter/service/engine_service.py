@@ -33,7 +33,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
@@ -69,6 +69,23 @@ MIN_REMEASURE_INTERVAL_S = 120.0  # seconds from one measurement's end (or an en
 JANITOR_S = 5.0  # seconds between rounds of the load's janitor
 
 
+@dataclass(frozen=True)
+class AttachTarget:
+    """A vLLM server someone else started: its address, where its tokenizer is, the K it runs."""
+
+    url: str
+    tokenizer_dir: str | None = None
+    k_hint: int = 0
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the engine was last (re)started: a config we launch, or a server we attach to."""
+
+    config: EngineConfig | None = None
+    attach: AttachTarget | None = None
+
+
 class EngineService:
     """The live ``Backend``: one vLLM engine (launched or attached), restartable, with load."""
 
@@ -94,7 +111,7 @@ class EngineService:
             state="idle", progress=None, error=None, config=None, url=None, attached=False, generation=0
         )
         self.guard = EngineGuard(self)  # dead or hung engine -> clear status, restart with back-off
-        self._launch: tuple = (None, None)  # (config, attach) of the last (re)start, for the guard
+        self._launch = Launch()  # the last (re)start, for the guard
         self._lock = asyncio.Lock()  # created lazily in our loop (see _locked)
         self._bg_prompts = list(background_prompts)
         self.max_background = max_background
@@ -149,15 +166,14 @@ class EngineService:
 
     async def relaunch(self, expect_generation: int) -> None:
         """Start the last engine again, as it was started, unless a user's (re)start came first."""
-        config, attach = self._launch
-        await self._restart(config, attach, expect_generation=expect_generation)
+        await self._restart(self._launch.config, self._launch.attach, expect_generation=expect_generation)
 
     # --- lifecycle ----------------------------------------------------------
     def start(self, config: EngineConfig) -> Future:
         return self._submit(self._restart(config, None))
 
     def attach(self, url: str, tokenizer_dir: str | None = None, k_hint: int = 0) -> Future:
-        return self._submit(self._restart(None, (url, tokenizer_dir, k_hint)))
+        return self._submit(self._restart(None, AttachTarget(url, tokenizer_dir, k_hint)))
 
     async def restart(self, config: EngineConfig) -> None:
         await self._call(self._restart(config, None))
@@ -173,12 +189,12 @@ class EngineService:
         return await self._call(ask())
 
     async def _restart(
-        self, config: EngineConfig | None, attach: tuple | None, expect_generation: int | None = None
+        self, config: EngineConfig | None, attach: AttachTarget | None, expect_generation: int | None = None
     ) -> None:
         async with self._lock:
             if expect_generation is not None and self._status.generation != expect_generation:
                 return  # the guard's restart, overtaken by a user's
-            self._launch = (config, attach)
+            self._launch = Launch(config, attach)
             old = self._status.config
             gen = self._status.generation + 1
             self._set(
@@ -196,9 +212,10 @@ class EngineService:
             await self._teardown(twin=config is None or old is None or config.target != old.target)
             try:
                 if attach is not None:
-                    url, tok, k = attach
-                    self._set(progress=StartProgress("attach", 0.5, f"attaching to {url}"))
-                    engine = await LiveEngine.attach(url, tokenizer_dir=tok, k_hint=k)
+                    self._set(progress=StartProgress("attach", 0.5, f"attaching to {attach.url}"))
+                    engine = await LiveEngine.attach(
+                        attach.url, tokenizer_dir=attach.tokenizer_dir, k_hint=attach.k_hint
+                    )
                 else:
                     engine = await LiveEngine.launch(config, progress=lambda p: self._set(progress=p))
             except Exception as e:  # shown in the page; the app stays up
