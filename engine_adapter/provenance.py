@@ -13,6 +13,9 @@ Contract:
   hole in its KV cache (the tokens it skipped at K=0 steps, blank).
 - ``text_agreement(a, b)``: how much of two token sequences agrees once aligned (``difflib``'s
   matching blocks over the longer one): how far a lossy rule's text drifted from the target's.
+- ``labelled_step(...)``: one request's step as a ``Step``, each emitted token and rejected draft
+  labelled with its kind, position, K and batch size, their texts given: the one builder the live
+  client (``engine.step_stream.make_step``) and the trace reader (``trace.format``) share.
 
 No I/O and no engine here; the statistics are kept apart from the stream code.
 """
@@ -22,7 +25,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Sequence
 
-from engine_adapter.records import SpecDecodeMetrics, Step, TokenKind
+from engine_adapter.records import RelaxedDraft, SpecDecodeMetrics, Step, Token, TokenKind
 
 
 def drafted_across_hole(steps: Sequence[Step]) -> set[int]:
@@ -171,3 +174,73 @@ def steps_from_counts(
         return steps, True
     steps += [(d, a, a + 1) for d, a in spec] + [(0, 0, 1)] * fewest
     return steps, False
+
+
+def labelled_step(
+    *,
+    index: int,
+    t: float,
+    wall_s: float,
+    batch_size: int,
+    k: int,
+    drafted: list[int] | None,
+    num_drafted: int,
+    accepted: int,
+    emitted: list[int],
+    texts: Sequence[str],
+    rejected_texts: Sequence[str],
+    finish_reason: str | None = None,
+    drafter_idle: bool = False,
+    caught_up: int = 0,
+    relaxed: Sequence[RelaxedDraft] = (),
+    rule: str = "lossless",
+) -> Step:
+    """``texts``: one per emitted token; ``rejected_texts``: one per rejected draft, the drafts after
+    the ``accepted`` ones (``drafted`` None: the count only, no ghosts)."""
+    by_pos = {r.position: r for r in relaxed}
+    kinds = kinds_for_step(index, num_drafted, accepted, len(emitted), by_pos)
+    tokens = [
+        Token(
+            id=tid,
+            text=text,
+            kind=kind,
+            step=index,
+            draft_pos=(j + 1) if kind in ("accepted", "relaxed") else None,
+            k=k,
+            batch_size=batch_size,
+            draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
+            relaxed=by_pos.get(j + 1) if kind == "relaxed" else None,
+        )
+        for j, (tid, kind, text) in enumerate(zip(emitted, kinds, texts))
+    ]
+    rejected = [
+        Token(
+            id=did,
+            text=text,
+            kind="rejected",
+            step=index,
+            draft_pos=accepted + j + 1,
+            k=k,
+            batch_size=batch_size,
+            draft_id=did,
+        )
+        for j, (did, text) in enumerate(zip((drafted or [])[accepted:], rejected_texts))
+    ]
+    return Step(
+        index=index,
+        t=t,
+        wall_s=wall_s,
+        batch_size=batch_size,
+        k=k,
+        drafted=drafted,
+        num_drafted=num_drafted,
+        accepted=accepted,
+        emitted=list(emitted),
+        tokens=tokens,
+        rejected=rejected,
+        finish_reason=finish_reason,
+        drafter_idle=drafter_idle,
+        caught_up=caught_up,
+        relaxed=sorted(relaxed, key=lambda r: r.position),
+        rule=rule,
+    )

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from engine_adapter.engine.token_text import IncrementalText, draft_text
-from engine_adapter.provenance import kinds_for_step, steps_from_counts
-from engine_adapter.records import RelaxedDraft, Step, Token
+from engine_adapter.provenance import labelled_step, steps_from_counts
+from engine_adapter.records import RelaxedDraft, Step
 from engine_adapter.vllm_plugin.wire import RelaxedRow, TapRequestStep, TapStep
 
 if TYPE_CHECKING:  # transformers loads with the tokenizer, after the engine is spawned
@@ -90,36 +90,7 @@ def make_step(
         RelaxedDraft(r.position, r.target_id, r.p_draft, r.p_target, draft_text(tokenizer, r.target_id))
         for r in relaxed or []
     ]
-    by_pos = {r.position: r for r in kept}
-    kinds = kinds_for_step(index, num_drafted, accepted, len(emitted), by_pos)
-    tokens = [
-        Token(
-            id=tid,
-            text=text.push(tid),
-            kind=kind,
-            step=index,
-            draft_pos=(j + 1) if kind in ("accepted", "relaxed") else None,
-            k=k,
-            batch_size=batch_size,
-            draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
-            relaxed=by_pos.get(j + 1) if kind == "relaxed" else None,
-        )
-        for j, (tid, kind) in enumerate(zip(emitted, kinds))
-    ]
-    rejected = [
-        Token(
-            id=did,
-            text=draft_text(tokenizer, did),
-            kind="rejected",
-            step=index,
-            draft_pos=accepted + j + 1,
-            k=k,
-            batch_size=batch_size,
-            draft_id=did,
-        )
-        for j, did in enumerate((drafted or [])[accepted:])
-    ]
-    return Step(
+    return labelled_step(
         index=index,
         t=t,
         wall_s=wall_s,
@@ -128,9 +99,9 @@ def make_step(
         drafted=drafted,
         num_drafted=num_drafted,
         accepted=accepted,
-        emitted=list(emitted),
-        tokens=tokens,
-        rejected=rejected,
+        emitted=emitted,
+        texts=[text.push(tid) for tid in emitted],
+        rejected_texts=[draft_text(tokenizer, did) for did in (drafted or [])[accepted:]],
         finish_reason=finish_reason,
         drafter_idle=drafter_idle,
         caught_up=caught_up,

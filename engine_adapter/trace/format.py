@@ -40,7 +40,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine_adapter.records import EngineStep, RelaxedDraft, RequestResult, Step, Token
+from engine_adapter.records import EngineStep, RelaxedDraft, RequestResult, Step
 
 _ROUND = {"t": 4, "wall_s": 5, "interval_s": 5, "tap_s": 6}
 
@@ -183,65 +183,33 @@ def request_from_line(d: dict[str, Any]) -> RequestResult:
     Token texts come from the step's ``texts``; a recorder trace has none, so
     its tokens show as ``⟨id⟩`` (the whole ``text`` is still exact).
     """
-    from engine_adapter.provenance import kinds_for_step
+    from engine_adapter.provenance import labelled_step
 
     steps: list[Step] = []
     for index, s in enumerate(d.get("steps", [])):
         drafted = s.get("drafted")
-        num_drafted = s.get("num_drafted", len(drafted) if drafted is not None else 0)
+        accepted = s["accepted"]
         emitted = list(s.get("emitted", []))
-        relaxed = {
-            int(r[0]): RelaxedDraft(int(r[0]), int(r[1]), float(r[2]), float(r[3]), str(r[4]) if len(r) > 4 else "")
-            for r in s.get("relaxed", [])
-        }
-        kinds = kinds_for_step(index, num_drafted, s["accepted"], len(emitted), relaxed)
-        texts = s.get("texts") or [f"⟨{i}⟩" for i in emitted]
-        k, bs = s.get("k", 0), s.get("batch_size", 0)
-        tokens = [
-            Token(
-                id=tid,
-                text=text,
-                kind=kind,
-                step=index,
-                draft_pos=(j + 1) if kind in ("accepted", "relaxed") else None,
-                k=k,
-                batch_size=bs,
-                draft_id=drafted[j] if drafted is not None and j < len(drafted) else None,
-                relaxed=relaxed.get(j + 1) if kind == "relaxed" else None,
-            )
-            for j, (tid, kind, text) in enumerate(zip(emitted, kinds, texts))
-        ]
-        rejected_ids = (drafted or [])[s["accepted"] :]
-        rtexts = s.get("rejected_texts") or [f"⟨{i}⟩" for i in rejected_ids]
-        rejected = [
-            Token(
-                id=did,
-                text=text,
-                kind="rejected",
-                step=index,
-                draft_pos=s["accepted"] + j + 1,
-                k=k,
-                batch_size=bs,
-                draft_id=did,
-            )
-            for j, (did, text) in enumerate(zip(rejected_ids, rtexts))
-        ]
+        rejected_ids = (drafted or [])[accepted:]
         steps.append(
-            Step(
+            labelled_step(
                 index=index,
                 t=s.get("t", 0.0),
                 wall_s=s.get("wall_s", 0.0),
-                batch_size=bs,
-                k=k,
+                batch_size=s.get("batch_size", 0),
+                k=s.get("k", 0),
                 drafted=list(drafted) if drafted is not None else None,
-                num_drafted=num_drafted,
-                accepted=s["accepted"],
+                num_drafted=s.get("num_drafted", len(drafted) if drafted is not None else 0),
+                accepted=accepted,
                 emitted=emitted,
-                tokens=tokens,
-                rejected=rejected,
+                texts=s.get("texts") or [f"⟨{i}⟩" for i in emitted],
+                rejected_texts=s.get("rejected_texts") or [f"⟨{i}⟩" for i in rejected_ids],
                 drafter_idle=bool(s.get("drafter_idle", False)),
                 caught_up=int(s.get("caught_up", 0)),
-                relaxed=sorted(relaxed.values(), key=lambda r: r.position),
+                relaxed=[
+                    RelaxedDraft(int(r[0]), int(r[1]), float(r[2]), float(r[3]), str(r[4]) if len(r) > 4 else "")
+                    for r in s.get("relaxed", [])
+                ],
                 rule=str(s.get("rule", "lossless")),
             )
         )
