@@ -179,10 +179,13 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
         return (public.tokens_generated() - a) / (time.monotonic() - t)
 
     def during(cmd: list[str], window_s: float = 13.0) -> tuple[float, dict]:
+        # the loader polls as its page would: a session that stops polling loses its load (SESSION_IDLE_S)
+        loader.predict(api_name="/charts")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT)
         time.sleep(2.0)
         r = rate(window_s)
         out, _ = proc.communicate(timeout=60)
+        assert r > 0, f"the background load stopped during the measurement ({cmd[3]})"
         return r, json.loads(out.strip().splitlines()[-1])
 
     hostile = [sys.executable, "-m", "tests.support.hostile"]
