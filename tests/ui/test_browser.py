@@ -242,7 +242,7 @@ def _running_samples(page, seconds: float) -> list[float]:
 
 
 @pytest.mark.xfail(
-    reason="passes on the developers' machine (5 of 5 runs) but failed in fresh-clone CI runs of b039b79 (an idle "
+    reason="passed on the developers' machine but failed in fresh-clone CI runs of b039b79 (an idle "
     "engine ran the whole request before Stop took effect) and of ffc367b (cause not read yet); issue 29 open",
     strict=False,
 )
