@@ -7,7 +7,8 @@ and batch size as the engine ran them); ``steps_from_chunks`` yields a live gues
 chunk when there is no tap, and ``reconcile_counts`` rebuilds those steps from vLLM's
 exact ``per_step_accepted``/``per_step_drafted`` once the request ends. Rejected drafts
 are then counts only (``drafted`` None), never guessed. ``make_step`` labels every
-token with its kind (``provenance.kinds_for_step``) and its text.
+token with its kind and its text through ``provenance.labelled_step``, the builder the
+trace reader shares.
 """
 
 from __future__ import annotations
