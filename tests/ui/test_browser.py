@@ -242,8 +242,8 @@ def _running_samples(page, seconds: float) -> list[float]:
 
 
 @pytest.mark.xfail(
-    reason="passed on the developers' machine but failed in fresh-clone CI runs of b039b79 (an idle "
-    "engine ran the whole request before Stop took effect) and of ffc367b (cause not read yet); issue 29 open",
+    reason="passed on the developers' machine but failed in two fresh-clone CI runs (docs/benchmarks.md, "
+    "the suite from a fresh clone; issue 29 open)",
     strict=False,
 )
 def test_enter_then_stop_ends_the_run_in_vllm(page):
