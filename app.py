@@ -128,16 +128,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def start_policy(args: argparse.Namespace) -> str:
-    """LivePolicy's default_policy: "auto" unless a fixed K or a K table was asked for."""
+    """LivePolicy's default_policy: "auto" unless a fixed K or a K table was asked for ("configured":
+    the config's K or table, which ``--policy fixed`` names)."""
     if args.policy == "fixed" or (args.policy is None and args.k_table):
-        return "config"
+        return "configured"
     return args.policy or "auto"
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
     """The engine config the command line asks for; ValueError where it is invalid."""
     k_table = validate_k_table(args.k_table) if args.k_table else None
-    config = EngineConfig(
+    live = args.k_max > 0 and args.method != "off"  # room for live K policies
+    return EngineConfig(
         method=args.method,
         k=args.k,
         k_table=k_table,
@@ -152,11 +154,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         reserved_cpus=args.reserved_cpus,
         nice=args.engine_nice,
         enforce_eager=args.eager,  # None: the platform's default (eager on a CPU, CUDA graphs on a GPU)
-    )
-    if args.k_max > 0 and args.method != "off":
-        config.k_max = max(args.k_max, args.k, *(k for _, _, k in k_table or []))
-    config.validate()
-    return config
+        k_max=max(args.k_max, args.k, *(k for _, _, k in k_table or [])) if live else None,
+    ).checked()
 
 
 def presenter_key(args: argparse.Namespace, public: bool) -> str | None:
@@ -196,9 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"error: cannot replay: {e}")
         config = service.status().config or config
     else:
-        service = EngineService(
-            background_prompts=[p.prompt for p in presets], policy_options={"default_policy": start_policy(args)}
-        )
+        service = EngineService(background_prompts=presets, policy_options={"default_policy": start_policy(args)})
         if args.attach:
             service.attach(args.attach, args.tokenizer, args.k)
         else:

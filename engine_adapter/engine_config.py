@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 Method = Literal["off", "ngram", "draft", "suffix"]
@@ -111,7 +111,7 @@ def available_methods() -> list[Method]:
     return [m for m in METHODS if m != "suffix" or suffix_available()]
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
     method: Method = "draft"
     k: int = 3  # num_speculative_tokens
@@ -157,15 +157,14 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def validate(self) -> None:
+    def checked(self) -> EngineConfig:
+        """This config, checked (``ValueError`` naming what is wrong), its K table in vLLM's order."""
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
         if self.method == "suffix" and not suffix_available():
             raise ValueError("method 'suffix' needs the arctic-inference package (pip install arctic-inference)")
         if self.method != "off" and not 1 <= self.k <= 16:
             raise ValueError(f"K (num_speculative_tokens) must be between 1 and 16; got {self.k}")
-        if self.k_table is not None:
-            self.k_table = validate_k_table(self.k_table)
         if self.k_max is not None and not self.k <= self.k_max <= 16:
             raise ValueError(f"k_max must be between K ({self.k}) and 16; got {self.k_max}")
         if self.catch_up_tokens is not None and not 0 <= self.catch_up_tokens <= MAX_CATCH_UP_TOKENS:
@@ -173,6 +172,7 @@ class EngineConfig:
         if not 0 <= self.nice <= 19:
             raise ValueError(f"nice must be between 0 (the caller's priority) and 19 (the lowest); got {self.nice}")
         self._validate_sizes()
+        return self if self.k_table is None else replace(self, k_table=validate_k_table(self.k_table))
 
     def _validate_sizes(self) -> None:
         """The engine's size settings, in vLLM's terms (``config/scheduler.py``, ``config/cache.py``)."""
@@ -206,21 +206,27 @@ class EngineConfig:
         return 0 if self.method == "off" else (self.k_max or self.k)
 
     @property
+    def live_policies(self) -> bool:
+        """Whether the engine starts with room for live K policies: vLLM gets ``k_max`` drafts at
+        most and a batch-size -> K table the control channel can replace (``k_max`` None: no)."""
+        return self.k_max is not None
+
+    @property
+    def k_by_batch_size(self) -> bool:
+        """Whether vLLM starts with a batch-size -> K table (given, or made for live policies)."""
+        return self.k_table is not None or self.live_policies
+
+    @property
     def drafter_idles(self) -> bool:
         """Whether the draft model skips its pass at K=0: needs the tap (whose policy hooks keep
         the holes it leaves, and catch them up) and a table (the only way K reaches 0)."""
-        return (
-            self.idle_drafter
-            and self.method == "draft"
-            and self.tap
-            and (self.k_table is not None or self.k_max is not None)
-        )
+        return self.idle_drafter and self.method == "draft" and self.tap and self.k_by_batch_size
 
     @property
     def acceptance_rules(self) -> bool:
         """Whether the engine can switch acceptance rules live (``acceptance_rule.py``): they
         travel on the control channel, which an engine started with a table has."""
-        return self.method != "off" and self.tap and (self.k_table is not None or self.k_max is not None)
+        return self.method != "off" and self.tap and self.k_by_batch_size
 
     @property
     def vllm_allows_async(self) -> bool:

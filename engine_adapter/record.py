@@ -7,7 +7,7 @@
 
 FILE is JSONL, one {"prompt": "..."} per line (other keys are ignored).
 TRACE.jsonl (format documented in docs/trace-format.md):
-    {"type": "run", ...config, "acceptance": {rule and parameters}, "vllm_version"}
+    {"type": "run", "format", ...config, "acceptance": {rule and parameters}, "vllm_version"}
     {"type": "request", "prompt", "text", "token_ids", "kinds", "steps",
      "spec_decode_metrics", "tokens_per_second", ...}       one per prompt
     {"type": "summary", "wall_s", "total_tokens", "tokens_per_second"}

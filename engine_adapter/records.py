@@ -31,6 +31,8 @@ TOKEN_KINDS: tuple[TokenKind, ...] = ("prefill", "accepted", "relaxed", "recover
 # The profiler's own requests (policy/profiler.py) carry ids with this prefix, so the tap can
 # count them in every step (``EngineStep.profiling_requests``). Our ids contain no "-".
 PROFILE_REQUEST_PREFIX = "profile"
+# The background load's requests (service/load.py) carry this prefix and their task kind.
+LOAD_REQUEST_PREFIX = "load"
 
 
 def profile_request_id(tag: str) -> str:
@@ -40,6 +42,21 @@ def profile_request_id(tag: str) -> str:
 
 def is_profile_request(request_id: str) -> bool:
     return request_id.startswith(PROFILE_REQUEST_PREFIX)
+
+
+def load_request_id(kind: str) -> str:
+    """A background-load request's id: the prefix, its prompt's task kind (letters; "" where
+    unknown) and 12 random hex digits, so a step's rows say which kind each load request is."""
+    if not kind.isalpha() and kind:
+        raise ValueError(f"a task kind is letters only: {kind!r}")
+    return f"{LOAD_REQUEST_PREFIX}{kind}x{uuid.uuid4().hex[:12]}"
+
+
+def load_request_kind(request_id: str) -> str | None:
+    """The task kind a load request's id names ("" where unknown), None for any other request."""
+    if not request_id.startswith(LOAD_REQUEST_PREFIX):
+        return None
+    return request_id[len(LOAD_REQUEST_PREFIX) :].rpartition("x")[0]
 
 
 def our_request_id(engine_request_id: str) -> str:
@@ -200,6 +217,18 @@ class RequestResult:
 
 
 @dataclass(frozen=True, slots=True)
+class RequestInStep:
+    """One request's part of one engine step: the drafts it verified, those vLLM's own rule kept
+    (the text's predictability, whatever rule was in force), the tokens it gained."""
+
+    request_id: str  # ours (the client's), not the engine's; never shown to another visitor
+    num_drafted: int
+    num_accepted: int  # by vLLM's lossless rule
+    num_emitted: int
+    drafted_across: bool = False  # its drafts were made across a hole in the drafter's KV cache
+
+
+@dataclass(frozen=True, slots=True)
 class SlotBid:
     """One request's draft slots in a slot-auction step."""
 
@@ -240,6 +269,7 @@ class EngineStep:
     profiling_requests: int = 0
     num_relaxed: int = 0  # of ``num_accepted``, drafts only a lossy acceptance rule kept
     rule: str = "lossless"  # the acceptance rule the step was verified under
+    requests: tuple[RequestInStep, ...] = ()  # every request the step ran (skipped ones left out)
 
 
 # The first columns of a sweep CSV (python -m engine_adapter.sweep), which the explorer's

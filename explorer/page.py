@@ -10,7 +10,7 @@ Space's proxy), the ``--record`` status and the generation sliders' start values
 ``launch_page(page, host, port, exposure)`` queues and launches it with the bounds a public
 page needs (``QUEUE_SIZE``, ``MAX_UPLOAD``, ``SESSION_CAPACITY``, Gradio's file cache cleaned,
 per-visitor rates). One timer (API /charts, every ``CHART_REFRESH_S``) refreshes the load
-panel's live chart and readout and the K-policy panel together, sent by the page between two
+panel's live chart and readout, the K-policy panel and the ledger together, sent by the page between two
 steps of its own request (``assets/chart_gate.js``). It reads only what the ``Backend``
 (``engine_adapter.service.backend``) returns; it never parses vLLM's wire format.
 """
@@ -32,6 +32,7 @@ from explorer.panels.acceptance import build_acceptance_panel
 from explorer.panels.context import PageContext
 from explorer.panels.engine import TOP_LINES_PATH, EnginePanel
 from explorer.panels.export import build_csv_export
+from explorer.panels.ledger import LedgerPanel
 from explorer.panels.load import LoadPanel
 from explorer.panels.policy import PolicyPanel, build_policy_panel
 from explorer.panels.presenter import Presenter
@@ -94,12 +95,15 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
             gr.Markdown(data_path("assets", "explain.md").read_text())
         k_max = defaults.config.k_max or defaults.config.k
         policy = build_policy_panel(page, ctx, k_max)
+        ledger = LedgerPanel(ctx)
+        ledger.build()
+        ledger.wire()
         build_acceptance_panel(ctx)
         build_sweep_panel(sweeps_dir())
         run.wire()
         engine.wire()
         load.wire(page)
-        wire_chart_timer(load, policy, run)
+        wire_chart_timer(load, policy, ledger, run)
     return ExplorerPage(page, {TOP_LINES_PATH: engine.top_lines})
 
 
@@ -123,8 +127,8 @@ def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) ->
     )
 
 
-def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, run: RunPanel) -> None:
-    """One timer for the live chart and the K-policy panel, a plain request (queue=False): each event
+def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, ledger: LedgerPanel, run: RunPanel) -> None:
+    """One timer for the live chart, the K-policy panel and the ledger, a plain request (queue=False): each event
     costs the page's main thread at each of its messages (Gradio updates the loading state of every
     component), and the token view waits (docs/benchmarks.md, "UI latency"). A gate in the page
     (``assets/chart_gate.js``) sends each tick between two steps of the page's own request and says
@@ -136,19 +140,24 @@ def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, run: RunPanel) -> Non
         live_drawn: Any,
         request_id: str | None,
         policy_drawn: Any,
+        ledger_drawn: Any,
         draw: bool,
         request: gr.Request,
     ) -> dict:
         if draw is False:
-            return {**load.refresh_readout(request), **policy.refresh_readout()}
-        return {**load.refresh(times, live_drawn, request), **policy.refresh(request_id, times, policy_drawn)}
+            return {**load.refresh_readout(request), **policy.refresh_readout(), **ledger.refresh_readout(request_id)}
+        return {
+            **load.refresh(times, live_drawn, request),
+            **policy.refresh(request_id, times, policy_drawn),
+            **ledger.refresh(request_id, times, ledger_drawn),
+        }
 
-    inputs = [run.step_times, load.drawn, run.request_id, policy.drawn, may_draw]
+    inputs = [run.step_times, load.drawn, run.request_id, policy.drawn, ledger.drawn, may_draw]
     gate_js = data_path("assets", "chart_gate.js").read_text().replace("__N_INPUTS__", str(len(inputs)))
     gr.Timer(CHART_REFRESH_S).tick(
         refresh,
         inputs,
-        [*load.tick_outputs, *policy.tick_outputs],
+        [*load.tick_outputs, *policy.tick_outputs, *ledger.tick_outputs],
         js=gate_js,
         api_name="charts",
         show_progress="hidden",

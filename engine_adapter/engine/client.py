@@ -172,10 +172,16 @@ class EngineClient:
         """Fixed K for every batch size (0 = no drafts), live."""
         return await self.set_k_table([[1, 1 << 20, int(k)]])
 
-    async def set_auction(self, cost: CostModel, prior: float = 0.5, strength: float = 2.0) -> None:
-        """The slot auction under ``cost``: drafts of K = k_max, trimmed per request, live."""
+    async def set_auction(
+        self, cost: CostModel, prior: float = 0.5, strength: float = 2.0, allocation: str = "auction"
+    ) -> None:
+        """The slot auction under ``cost``: drafts of K = k_max, trimmed per request, live;
+        ``allocation`` "equal": the number of slots the auction admits, shared alike instead."""
+        if allocation not in ("auction", "equal"):
+            raise ValueError(f"allocation must be 'auction' or 'equal'; got {allocation!r}")
         # with its measured cells: the auction prices a measured (b, K) as measured
-        await self._send_control({"auction": {"cost": cost.to_dict(), "prior": prior, "strength": strength}})
+        auction = {"cost": cost.to_dict(), "prior": prior, "strength": strength, "allocation": allocation}
+        await self._send_control({"auction": auction})
 
     async def set_catch_up_tokens(self, tokens: int) -> None:
         """The idle drafter's catch-up budget, live: the most tokens per step its draft model
@@ -261,11 +267,11 @@ class EngineClient:
         seed: int | None = None,
         request_id: str | None = None,
         ignore_eos: bool = False,
-        first: bool = False,
+        watched: bool = False,
     ) -> AsyncIterator[Step | RequestResult]:
         """Yield each Step as the engine runs it, then the RequestResult.
 
-        ``first``: a reader is watching this request (the page's own): in each engine step its
+        ``watched``: a reader is watching this request (the page's own): in each engine step its
         row is handled before the background load's (``TapReceiver.register``).
 
         ``ignore_eos`` (vLLM's sampling parameter) keeps a request going to
@@ -287,7 +293,7 @@ class EngineClient:
         if ignore_eos:
             body["ignore_eos"] = True
         state = HttpState()
-        wake: asyncio.Queue[StreamEvent] = self.tap.register(rid, first) if self.tap else asyncio.Queue()
+        wake: asyncio.Queue[StreamEvent] = self.tap.register(rid, watched) if self.tap else asyncio.Queue()
         self._inflight[rid] = (state, wake)
         t_start = time.monotonic()
         task = asyncio.create_task(self._stream_http(body, state, wake))

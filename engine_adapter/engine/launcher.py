@@ -165,7 +165,7 @@ class EngineProcess:
         platform: Platform | None = None,
         reserve_bytes: int = 0,
     ) -> None:
-        config.validate()
+        config = config.checked()
         self.config = config
         self._platform = platform if platform is not None else detect_platform()
         self.port = port
@@ -173,7 +173,7 @@ class EngineProcess:
         self.log_path = log_path or self._workdir / "vllm.log"
         self._exit_file = self._workdir / "vllm.exit"  # the supervisor writes vLLM's exit status here
         self.tap_addr = f"ipc://{self._workdir}/tap.sock" if config.tap else None
-        live = config.tap and config.k_max is not None and config.method != "off"
+        live = config.tap and config.live_policies and config.method != "off"
         self.control_addr = f"ipc://{self._workdir}/control.sock" if live else None
         self._resolve = resolve
         self.reserve_bytes = reserve_bytes

@@ -54,7 +54,7 @@ def speculative_config(config: EngineConfig, draft_dir: str | None) -> dict[str,
     elif config.method == "suffix":
         spec |= {"method": "suffix"}
     table = config.k_table
-    if table is None and config.k_max is not None:
+    if table is None and config.live_policies:
         table = [(1, config.max_num_seqs, config.k)]  # table mode from the start: live-switchable
     if table is not None:
         spec["num_speculative_tokens_per_batch_size"] = [list(r) for r in table]
@@ -82,7 +82,7 @@ def async_scheduling(config: EngineConfig, platform: Platform) -> bool:
 
 def dynamic_k(config: EngineConfig) -> bool:
     """Whether vLLM is given a batch-size -> K table (live policies): its K varies step by step."""
-    return speculative_config(config, None) is not None and (config.k_table is not None or config.k_max is not None)
+    return speculative_config(config, None) is not None and config.k_by_batch_size
 
 
 def capture_sizes(config: EngineConfig, platform: Platform) -> list[int]:

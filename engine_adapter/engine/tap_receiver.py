@@ -3,9 +3,9 @@
 Contract: ``TapReceiver(addr)`` binds a ZMQ SUB socket at ``addr`` (the tap in
 the engine connects to it) and, once ``start()``-ed inside a running event
 loop, delivers:
-- to the queue registered for a request (``register(request_id, first)``) every
+- to the queue registered for a request (``register(request_id, watched)``) every
   ``(TapStep, TapRequestStep)`` pair that names it, in engine order; within one step, the
-  requests registered ``first`` (a reader's own request) get theirs before all the others
+  requests registered ``watched`` (a reader's own request) get theirs before all the others
   (background load), so that their consumers wake first;
 - to every ``watch()`` queue one ``EngineStep`` summary per engine step.
 
@@ -27,7 +27,7 @@ import zmq.asyncio
 
 from engine_adapter.acceptance import position_counts
 from engine_adapter.engine.step_stream import StreamEvent, TapRow
-from engine_adapter.records import EngineStep, SlotBid, is_profile_request, our_request_id
+from engine_adapter.records import EngineStep, RequestInStep, SlotBid, is_profile_request, our_request_id
 from engine_adapter.vllm_plugin.wire import TapStep, decode_step
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,16 @@ def summarize(step: TapStep) -> EngineStep:
         ),
         num_relaxed=sum(len(r.relaxed) for r in step.reqs),
         rule=step.rule,
+        requests=tuple(
+            RequestInStep(
+                request_id=our_request_id(r.engine_request_id),
+                num_drafted=r.num_drafted,
+                num_accepted=r.lossless_accepted,
+                num_emitted=len(r.emitted),
+                drafted_across=r.drafted_across,
+            )
+            for r in step.reqs
+        ),
     )
 
 
@@ -94,7 +104,7 @@ class TapReceiver:
         self._sock.setsockopt(zmq.SUBSCRIBE, b"")
         self._sock.bind(addr)
         self._routes: dict[str, asyncio.Queue[StreamEvent]] = {}
-        self._first: set[str] = set()  # request ids served first in each step (register's ``first``)
+        self._watched: set[str] = set()  # request ids served first in each step (register's ``watched``)
         self._watchers: list[asyncio.Queue[EngineStep]] = []
         self._watch_maxsize = watch_maxsize
         self._task: asyncio.Task | None = None
@@ -110,25 +120,25 @@ class TapReceiver:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
-    def register(self, request_id: str, first: bool = False) -> asyncio.Queue[StreamEvent]:
+    def register(self, request_id: str, watched: bool = False) -> asyncio.Queue[StreamEvent]:
         q: asyncio.Queue[StreamEvent] = asyncio.Queue()
         self._routes[request_id] = q
-        if first:
-            self._first.add(request_id)
+        if watched:
+            self._watched.add(request_id)
         else:
-            self._first.discard(request_id)
+            self._watched.discard(request_id)
         return q
 
     def unregister(self, request_id: str) -> None:
         self._routes.pop(request_id, None)
-        self._first.discard(request_id)
+        self._watched.discard(request_id)
 
     def route(self, step: TapStep) -> None:
         """Each request's row of ``step`` onto its queue, the ``first`` requests' before the others
         (asyncio wakes a queue's getter in the order of the puts: at background load 64 the rest
         of a step's rows are 64 consumers' work before a reader's own)."""
         rows = [(our_request_id(r.engine_request_id), r) for r in step.reqs]
-        for rid, r in sorted(rows, key=lambda row: row[0] not in self._first):  # stable: engine order kept
+        for rid, r in sorted(rows, key=lambda row: row[0] not in self._watched):  # stable: engine order kept
             q = self._routes.get(rid)
             if q is not None:
                 q.put_nowait(TapRow(step, r))

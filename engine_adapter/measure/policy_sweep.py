@@ -28,13 +28,15 @@ from engine_adapter.measure.sweep_runs import (
     Policy,
     Run,
     k_needed,
+    off_rates,
     parse_policy,
     row_from_runs,
     run_policy,
     run_policy_window,
+    speedup_columns,
 )
 from engine_adapter.measure.throughput import measure
-from engine_adapter.policy.controller import PolicyController, PolicySpec
+from engine_adapter.policy.controller import COST_POLICIES, PolicyController, PolicySpec
 from engine_adapter.policy.profile_grid import config_profile_grid
 from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.prompts import read_prompts
@@ -110,7 +112,7 @@ async def _start_live(
     _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
     engines["live"] = engine = await LiveEngine.launch(cfg)
     live = _LivePolicies(engine, PolicyController(engine.client, k_max, base["max_num_seqs"]), PositionCounts(k_max))
-    if not any(p.spec.kind in ("auto", "auction") for p in live_pols):
+    if not any(p.spec.kind in COST_POLICIES for p in live_pols):
         return live
     ctl = live.controller
     path = config_cache_path(cfg, engine.process.platform)
@@ -246,8 +248,10 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
                 runs = await _measure_level(settings, policies, engines, live, c, cat, prompts, steps_out)
                 reference = _reference(runs)
                 rules = {r.name: r for r in settings.acceptance}
+                off = off_rates([x for run in runs.get(("off", LOSSLESS.name), []) for x in run.results])
                 for (name, rule), rs in runs.items():
                     row = {"policy": name, "concurrency": c, **row_from_runs(rs)}
+                    row |= speedup_columns([x for run in rs for x in run.results], off)
                     if settings.by_category:
                         row["category"] = cat
                     if lossy:

@@ -20,7 +20,7 @@ from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig, validate_k_table
 from engine_adapter.prompts import read_prompts
 from engine_adapter.service.load import run_prompts
-from engine_adapter.trace.format import request_line
+from engine_adapter.trace.format import TRACE_FORMAT, request_line
 
 
 @dataclass
@@ -86,6 +86,7 @@ async def record(settings: RecordSettings) -> dict[str, Any]:
     total = sum(len(r.token_ids) for r in results)
     run = {
         "type": "run",
+        "format": TRACE_FORMAT,
         "method": "attach" if settings.attach else settings.method,
         "k": settings.k,
         "k_table": config.k_table,

@@ -1,10 +1,14 @@
 """One policy at one concurrency level, measured: the runs a sweep is made of.
 
-Contract: ``parse_policy`` names a policy (``off``, ``kN``, ``table``, ``auto``, ``auction``);
+Contract: ``parse_policy`` names a policy (``off``, ``kN``, ``table``, ``auto``, ``auction``,
+``equal``);
 ``run_policy`` measures one wave of requests and ``run_policy_window`` a steady closed loop
 over a window from its first completion (``window_rate`` prorates the edge steps);
 ``row_from_runs`` makes one CSV row (``COLUMNS`` + ``EXTRA_COLUMNS``) from repeated runs,
-the median run's tokens/s with pooled step counts. Units: seconds, tokens per second.
+the median run's tokens/s with pooled step counts; ``speedup_columns(results, off_rates)`` who
+got the discount: each request's tokens/s over the speculation-off engine's on the same prompt at
+the same level (measured, not estimated), their spread and Jain's fairness index. Units:
+seconds, tokens per second.
 """
 
 from __future__ import annotations
@@ -22,12 +26,22 @@ from engine_adapter.acceptance import PositionCounts, position_counts
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.engine_config import KTable
+from engine_adapter.ledger import jain_index
 from engine_adapter.measure.throughput import measure_results
-from engine_adapter.policy.controller import PolicySpec
+from engine_adapter.policy.controller import COST_POLICIES, PolicySpec
 from engine_adapter.records import SWEEP_COLUMNS, EngineStep, RequestResult
 from engine_adapter.service.load import BackgroundLoad
 
 COLUMNS = list(SWEEP_COLUMNS)
+# each request's tokens/s over the off engine's on its prompt at the level (needs ``off`` in the sweep)
+SPEEDUP_COLUMNS = [
+    "speedup_min",
+    "speedup_p10",
+    "speedup_median",
+    "speedup_max",
+    "below_plain_share",
+    "speedup_jain_index",
+]
 
 
 EXTRA_COLUMNS = [
@@ -40,6 +54,7 @@ EXTRA_COLUMNS = [
     "mean_batch_size",
     "mean_step_s",
     "mean_tap_s",
+    *SPEEDUP_COLUMNS,
 ]
 
 
@@ -58,16 +73,16 @@ def parse_policy(name: str, table: KTable | None) -> Policy:
         if table is None:
             raise ValueError("policy 'table' needs --table '[[start_bs, end_bs, K], ...]'")
         return Policy(name, PolicySpec("table", table=table))
-    if name in ("auto", "auction"):
+    if name in COST_POLICIES:
         return Policy(name, PolicySpec(name))
-    raise ValueError(f"unknown policy {name!r}: use off, kN (e.g. k3), table, auto, auction")
+    raise ValueError(f"unknown policy {name!r}: use off, kN (e.g. k3), table, auto, auction, equal")
 
 
 def k_needed(policies: list[Policy], k_max: int) -> int:
     """num_speculative_tokens for the live engine: the largest K any policy asks for."""
     ks = [
         k_max
-        if p.spec.kind in ("auto", "auction")
+        if p.spec.kind in COST_POLICIES
         else p.spec.k
         if p.spec.kind == "fixed"
         else max(r[2] for r in p.spec.table)
@@ -255,4 +270,29 @@ def row_from_runs(runs: list[Run]) -> dict[str, Any]:
         "mean_batch_size": round(request_steps / len(steps), 3) if steps else 0.0,
         "mean_step_s": round(statistics.mean(s.wall_s for s in steps), 5) if steps else 0.0,
         "mean_tap_s": round(statistics.mean(s.tap_s for s in steps), 6) if steps else 0.0,
+    }
+
+
+def off_rates(results: list[RequestResult]) -> dict[str, float]:
+    """Per prompt: the median tokens/s the speculation-off engine gave its requests."""
+    by_prompt: dict[str, list[float]] = {}
+    for r in results:
+        by_prompt.setdefault(r.prompt, []).append(r.tokens_per_second)
+    return {p: statistics.median(v) for p, v in by_prompt.items()}
+
+
+def speedup_columns(results: list[RequestResult], off: dict[str, float]) -> dict[str, Any]:
+    """The spread of per-request speedups over plain decoding at the same level: each request's
+    tokens/s over the off engine's on the same prompt; empty where off was not measured."""
+    ratios = sorted(r.tokens_per_second / off[r.prompt] for r in results if off.get(r.prompt))
+    if not ratios:
+        return {}
+    p10 = ratios[min(len(ratios) - 1, int(0.1 * len(ratios)))]
+    return {
+        "speedup_min": round(ratios[0], 4),
+        "speedup_p10": round(p10, 4),
+        "speedup_median": round(statistics.median(ratios), 4),
+        "speedup_max": round(ratios[-1], 4),
+        "below_plain_share": round(sum(1 for x in ratios if x < 1.0) / len(ratios), 4),
+        "speedup_jain_index": round(jain_index(ratios) or 0.0, 4),
     }

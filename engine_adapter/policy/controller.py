@@ -11,9 +11,11 @@ force:
 - ``auto``: the table ``k_policy.derive_auto_table`` derives from the cost
   model and the measured per-position acceptance; ``rederive(alphas)``
   re-sends it when acceptance drifts (only if the table changed);
-- ``auction``: the tap's slot auction under the cost model.
+- ``auction``: the tap's slot auction under the cost model;
+- ``equal``: as many slots as the auction admits each step, shared alike between the
+  requests (``k_policy.equal_slots``): the same budget, spent on fairness instead.
 
-``auto`` and ``auction`` need a cost model (``profile.profile_engine``).
+``auto``, ``auction`` and ``equal`` need a cost model (``profiler.profile_engine``).
 Nothing here knows the UI.
 """
 
@@ -27,8 +29,10 @@ from engine_adapter.engine_config import KTable, check_table
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 
-PolicyKind = Literal["off", "fixed", "table", "auto", "auction"]
-POLICY_KINDS: tuple[PolicyKind, ...] = ("off", "fixed", "table", "auto", "auction")
+PolicyKind = Literal["off", "fixed", "table", "auto", "auction", "equal"]
+POLICY_KINDS: tuple[PolicyKind, ...] = ("off", "fixed", "table", "auto", "auction", "equal")
+SLOT_POLICIES = ("auction", "equal")  # the tap's per-request slots, under the cost model
+COST_POLICIES = ("auto", *SLOT_POLICIES)  # those that need the measured cost model
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,12 @@ class PolicySpec:
             return f"fixed K={self.k}"
         if self.kind == "table":
             return f"K table {[list(r) for r in self.table or []]}"
-        return {"off": "K=0 (no drafts)", "auto": "auto table", "auction": "slot auction"}[self.kind]
+        return {
+            "off": "K=0 (no drafts)",
+            "auto": "auto table",
+            "auction": "slot auction",
+            "equal": "equal slots (the auction's slots, shared alike)",
+        }[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "k": self.k, "table": [list(r) for r in self.table] if self.table else None}
@@ -76,7 +85,7 @@ class PolicyController:
             )
         if spec.kind == "table":
             return PolicySpec("table", spec.k, check_table(spec.table, self.k_max))
-        if spec.kind in ("auto", "auction") and self.cost is None:
+        if spec.kind in COST_POLICIES and self.cost is None:
             raise ValueError(f"the {spec.kind} policy needs the measured cost model: profile the engine first")
         return spec
 
@@ -84,10 +93,10 @@ class PolicyController:
         spec = self.check(spec)
         auto = None
         table: KTable | None
-        if spec.kind == "auction":
+        if spec.kind in SLOT_POLICIES:
             # the estimator's start where it has seen nothing yet: the measured acceptance, not a guess
             prior = {"prior": alphas[0]} if alphas else {}
-            await self.client.set_auction(self.cost, **prior)
+            await self.client.set_auction(self.cost, **prior, allocation=spec.kind)
             table = None
         else:
             if spec.kind == "off":

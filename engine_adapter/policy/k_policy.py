@@ -16,6 +16,8 @@ and the tests call the same code):
   scored by survival probability, admitted globally best-first until the
   number of slots maximising expected tokens per second under the cost model;
   returns each request's admitted draft length;
+- ``equal_slots(lengths, total)``: the same number of slots shared alike (water-filling):
+  every request the same draft length, capped at what it drafted, the rest to the others;
 - ``best_ceiling(scores, cost)``: how many positions the drafter should
   propose at all, since a model drafter's cost is paid for every position;
 - ``SlotEstimator``: running per-request, per-position acceptance counts with a
@@ -187,6 +189,23 @@ def auction(
     for _, _, rid in order[:best]:
         admitted[rid] += 1
     return AuctionResult(admitted, best, gain[best], cost.verify_s(b + best) + fixed, rate)
+
+
+def equal_slots(lengths: Mapping[str, int], total: int) -> dict[str, int]:
+    """``total`` draft slots shared alike between requests (water-filling): each gets the same
+    prefix length, a request that drafted fewer keeps what it drafted and its share goes to the
+    others; where the slots do not divide evenly, the requests first in ``lengths`` get one more."""
+    admitted = {rid: 0 for rid in lengths}
+    left = max(0, min(int(total), sum(max(n, 0) for n in lengths.values())))
+    open_ = [rid for rid, n in lengths.items() if n > 0]
+    while left and open_:
+        share, extra = divmod(left, len(open_))
+        for i, rid in enumerate(open_):
+            give = min(share + (1 if i < extra else 0), lengths[rid] - admitted[rid])
+            admitted[rid] += give
+            left -= give
+        open_ = [rid for rid in open_ if admitted[rid] < lengths[rid]]
+    return admitted
 
 
 # which batch sizes count as "the load that just was" when a new request's drafter

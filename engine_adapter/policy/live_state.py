@@ -10,7 +10,7 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   returns only when it is done, so the service says ready (and takes visitors'
   requests) only after it; ``view()`` shows the progress and the cells
   measured so far meanwhile. Then the start policy is applied: ``default_policy``
-  ("auto" or "auction"; "config" = the config's fixed K or K table);
+  ("auto" or "auction"; "configured" = the config's fixed K or K table);
 - ``measure`` profiles again on demand (the caller keeps visitors out while it
   runs) and puts the policy in force back afterwards; a policy chosen meanwhile
   is applied when it ends, since profiling switches K itself;
@@ -41,7 +41,7 @@ from pathlib import Path
 
 from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.policy.controller import PolicyController, PolicySpec, PolicyState
+from engine_adapter.policy.controller import COST_POLICIES, PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
@@ -59,7 +59,7 @@ from engine_adapter.records import EngineStep
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
 MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns toward the profile's acceptance
-START_POLICIES = ("config", "auto", "auction")
+START_POLICIES = ("configured", "auto", "auction")
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,11 @@ class PolicyView:
     profile_estimate_s: float | None = None
 
 
+def config_spec(config: EngineConfig) -> PolicySpec:
+    """The policy an engine started from ``config`` runs before any is applied: its K table, else its K."""
+    return PolicySpec("table", config.k, config.k_table) if config.k_table else PolicySpec("fixed", config.k)
+
+
 class LivePolicy:
     def __init__(
         self,
@@ -92,7 +97,7 @@ class LivePolicy:
         window_s: float = 60.0,
         rederive_s: float = 5.0,
         profile_kwargs: dict | None = None,
-        default_policy: str = "config",
+        default_policy: str = "configured",
     ) -> None:
         if default_policy not in START_POLICIES:
             raise ValueError(f"default_policy must be one of {', '.join(START_POLICIES)}; got {default_policy!r}")
@@ -130,7 +135,7 @@ class LivePolicy:
         self._config = config
         self._error = None
         client = engine.client
-        if config is None or not client.live_policies or config.k_max is None:
+        if config is None or not client.live_policies or not config.live_policies:
             self.controller = None
             self._why_not = (
                 "an attached server takes no live policies"
@@ -144,7 +149,7 @@ class LivePolicy:
         ctl = PolicyController(client, config.k_max, config.max_num_seqs)
         self.controller = ctl
         # the engine starts in table mode: a fixed K (or the configured table) is in force
-        spec = self._config_spec(config)
+        spec = config_spec(config)
         ctl.state = PolicyState(
             spec, config.k_table or [(1, config.max_num_seqs, config.k)], client.controls_sent, time.monotonic()
         )
@@ -156,13 +161,9 @@ class LivePolicy:
         self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
         if ctl.cost is None:
             await self._measure(on_progress)
-        start = spec if self.default_policy == "config" else PolicySpec(self.default_policy, config.k)
+        start = spec if self.default_policy == "configured" else PolicySpec(self.default_policy, config.k)
         await self._apply_after_profile(self._pending or start, fallback=spec)
         self._tasks.append(asyncio.create_task(self._auto_loop()))
-
-    @staticmethod
-    def _config_spec(config: EngineConfig) -> PolicySpec:
-        return PolicySpec("table", config.k, config.k_table) if config.k_table else PolicySpec("fixed", config.k)
 
     async def engine_gone(self) -> None:
         for t in self._tasks:
@@ -207,7 +208,7 @@ class LivePolicy:
         if ctl is None:
             raise RuntimeError(f"live K policies are not available: {self._why_not}")
         if self._profiling is not None:
-            if spec.kind not in ("auto", "auction"):
+            if spec.kind not in COST_POLICIES:
                 ctl.check(spec)
             self._pending = spec
             return None
@@ -225,9 +226,9 @@ class LivePolicy:
         """Profile again (the caller keeps visitors' requests out); the policy in force is restored."""
         self.check_can_measure()
         ctl = self.controller
-        restore = ctl.state.spec if ctl.state else self._config_spec(self._config)
+        restore = ctl.state.spec if ctl.state else config_spec(self._config)
         await self._measure(on_progress)
-        await self._apply_after_profile(self._pending or restore, fallback=self._config_spec(self._config))
+        await self._apply_after_profile(self._pending or restore, fallback=config_spec(self._config))
 
     async def _measure(self, on_progress: Callable[[ProfileProgress], None] | None) -> None:
         """Run the profile; the cost model (and the cache) on success, ``view().error`` on failure."""
@@ -273,7 +274,7 @@ class LivePolicy:
     async def _apply_after_profile(self, spec: PolicySpec, fallback: PolicySpec) -> None:
         self._pending = None
         ctl = self.controller
-        if spec.kind in ("auto", "auction") and ctl.cost is None:
+        if spec.kind in COST_POLICIES and ctl.cost is None:
             spec = fallback  # no cost model (profiling failed): the config's own K
         state = await ctl.apply(spec, self.alphas())
         self.changes.append((state.t, spec.to_dict()))

@@ -104,6 +104,6 @@ def _geometric(top: int, growth: int) -> list[int]:
 def config_profile_grid(config: EngineConfig, platform: Platform) -> ProfileGrid:
     """``profile_grid`` for an engine with live policies started from ``config`` on ``platform``: its
     capture sizes and step budget as ``server_args`` launches it."""
-    k_max = config.k_max if config.k_max is not None else config.k
+    k_max = config.k_max if config.live_policies else config.k
     sizes = server_args.capture_sizes(config, platform)
     return profile_grid(platform, config.max_num_seqs, k_max, sizes, server_args.batched_tokens(config, platform))

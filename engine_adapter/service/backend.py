@@ -4,9 +4,12 @@ Contract: a backend is a live engine service (``EngineService``) or a recorded
 session played back (``ReplayService``). Both implement every member below; what
 one of them cannot do is said by ``capabilities`` (a field, never probed with
 ``getattr``) and, where a call makes no sense, by a ``RuntimeError`` whose message
-a person can act on. The explorer imports this module, ``records`` and pure helpers
-only; it never sees an engine, a client or vLLM. ``PolicySpec`` (what a person asks
-the engine to run) is re-exported from the policy layer for the same reason.
+a person can act on. What only one kind has is a part of its own, ``None`` on the
+other: ``reference`` (a live engine's speculation-off twin, ``ReferenceTwin``) and
+``recording`` (a replay's recorded session, ``Recording``). The explorer imports this
+module, ``records`` and pure helpers only; it never sees an engine, a client or vLLM.
+``PolicySpec`` (what a person asks the engine to run) is re-exported from the policy layer
+for the same reason.
 
 Units: times are ``time.monotonic()`` seconds on the app's host; rates in tokens
 per second.
@@ -22,9 +25,16 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.policy.controller import POLICY_KINDS, PolicyKind, PolicySpec
+from engine_adapter.policy.controller import POLICY_KINDS, SLOT_POLICIES, PolicyKind, PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.restart_gate import RestartTicket
+from engine_adapter.service.speedup_probe import (
+    MAX_PROBE_TOKENS,
+    MAX_REPEATS,
+    SpeedSettings,
+    SpeedupRow,
+    SpeedupView,
+)
 
 if TYPE_CHECKING:  # types only: the explorer never imports the engine or the policy layer
     from engine_adapter.engine.launcher import StartProgress
@@ -36,17 +46,26 @@ if TYPE_CHECKING:  # types only: the explorer never imports the engine or the po
 __all__ = [
     "LIVE",
     "LOCAL_VISITOR",
+    "MAX_PROBE_TOKENS",
+    "MAX_REPEATS",
+    "LoadMix",
     "POLICY_KINDS",
     "REPLAY",
+    "SLOT_POLICIES",
     "Backend",
     "BackgroundShare",
     "Capabilities",
     "PolicyKind",
     "PolicySpec",
+    "Recording",
     "RecordingStatus",
+    "ReferenceTwin",
     "ReplayInfo",
     "RestartTicket",
     "ServiceStatus",
+    "SpeedSettings",
+    "SpeedupRow",
+    "SpeedupView",
     "State",
     "TwinStatus",
     "Visitor",
@@ -85,6 +104,20 @@ LOCAL_VISITOR = Visitor("local", "local", presenter=True)
 
 
 @dataclass(frozen=True)
+class LoadMix:
+    """The background load's task kinds: those its prompts come in, and those it runs now (all of
+    them, or the presenter's choice); engine-wide, so only a presenter changes it."""
+
+    available: tuple[str, ...]  # e.g. ("code", "math", ...); () where the load has no kinds (a replay)
+    chosen: tuple[str, ...]  # the kinds running now (every one of ``available`` by default)
+
+    def describe(self) -> str:
+        if not self.available:
+            return "no task kinds"
+        return "every task kind" if set(self.chosen) == set(self.available) else ", ".join(self.chosen) + " only"
+
+
+@dataclass(frozen=True)
 class BackgroundShare:
     """One session's part of the shared background load."""
 
@@ -117,6 +150,15 @@ class RecordingStatus:
     max_bytes: int
 
 
+@dataclass(frozen=True)
+class StartTimes:
+    """How long the last (re)start took from its first step to ready, and how much of it went on
+    measuring this machine's step times (None: the cost model came from the cache, or none is used)."""
+
+    total_s: float
+    measuring_s: float | None
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServiceStatus:
     state: State
@@ -131,11 +173,12 @@ class ServiceStatus:
     # the acceptance rule in force, engine-wide (every (re)start begins with vLLM's lossless rule)
     acceptance: AcceptanceRule = LOSSLESS
     restart_due_in_s: float | None = None  # a restart someone asked for starts in this many seconds
+    started: StartTimes | None = None  # the last (re)start's times, once it is ready
 
 
 @dataclass(frozen=True)
 class ReplayInfo:
-    """Where a replay stands: what ``Backend.replay_info()`` gives on a replay."""
+    """Where a replay stands: what ``Recording.info()`` gives."""
 
     path: str
     speed: float
@@ -153,6 +196,29 @@ class ReplayInfo:
         return Path(self.path).name
 
 
+@dataclass(frozen=True)
+class ReferenceTwin:
+    """A live engine's speculation-off twin, for the lossless check (``Backend.reference``).
+
+    ``status(may_start)``: where it stands, for a session that may or may not start it;
+    ``stream(prompt, *, max_tokens, temperature, may_start)``: the prompt on the twin (started on
+    first use if ``may_start``, about half a minute), as ``Backend.stream`` yields it."""
+
+    status: Callable[[bool], TwinStatus]
+    stream: Callable[..., AsyncIterator[Step | RequestResult]]
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A replay's recorded session (``Backend.recording``): ``info()`` where the replay stands,
+    ``prompt_for(prompt)`` the recorded prompt Run plays for it (itself if recorded, else the next
+    recorded one), ``requests()`` the recorded foreground requests, in order."""
+
+    info: Callable[[], ReplayInfo]
+    prompt_for: Callable[[str], str]
+    requests: Callable[[], list[RequestResult]]
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the explorer may call; ``EngineService`` and ``ReplayService`` implement it."""
@@ -160,6 +226,8 @@ class Backend(Protocol):
     capabilities: Capabilities
     max_background: int
     on_result: list[Callable[[RequestResult], None]]  # each finished foreground request; must not block
+    reference: ReferenceTwin | None  # a live engine's speculation-off twin; None on a replay
+    recording: Recording | None  # a replay's recorded session; None on a live engine
 
     # --- lifecycle
     def status(self) -> ServiceStatus: ...
@@ -176,11 +244,8 @@ class Backend(Protocol):
         *,
         max_tokens: int,
         temperature: float,
-        reference: bool = False,
         request_id: str | None = None,
-        may_start_reference: bool = True,
     ) -> AsyncIterator[Step | RequestResult]: ...
-    def twin_status(self, may_start: bool) -> TwinStatus: ...
 
     # --- history (server-wide, for the live charts)
     def steps_since(self, t: float) -> list[EngineStep]: ...
@@ -197,17 +262,18 @@ class Backend(Protocol):
     def background_share(self, session: str) -> BackgroundShare: ...
     def background_stats(self) -> LoadStats | None: ...
     def background_tokens_per_second(self, window_s: float = 10.0) -> float: ...
+    def load_mix(self) -> LoadMix: ...
+    async def set_load_mix(self, kinds: Sequence[str]) -> LoadMix: ...
 
     # --- K policies
     async def set_policy(self, spec: PolicySpec) -> PolicyState | None: ...
     async def profile_cost(self) -> None: ...
     def policy_view(self) -> PolicyView: ...
 
+    # --- the speedup at this load (a presenter's measurement: K switches for everyone meanwhile)
+    async def measure_speedup(self, repeats: int = 2, max_tokens: int = 64) -> SpeedupView: ...
+    def speedup_view(self) -> SpeedupView: ...
+    def speed_settings(self) -> SpeedSettings | None: ...  # what a speed figure measured now depends on
+
     # --- the acceptance rule (engine-wide; status().acceptance is the one in force)
     async def set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule: ...
-
-    # --- replay (None / the prompt itself / [] on a live engine)
-    @property
-    def replay_info(self) -> ReplayInfo | None: ...
-    def replay_prompt(self, prompt: str) -> str: ...
-    def recorded_requests(self) -> list[RequestResult]: ...

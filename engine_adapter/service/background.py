@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from engine_adapter.engine.client import EngineClient
+from engine_adapter.prompts import Preset
 from engine_adapter.service.backend import BackgroundShare, Visitor
 from engine_adapter.service.fair_share import (
     MAX_BACKGROUND,
@@ -36,7 +37,7 @@ MARKER_MERGE_S = 2.0  # load changes closer than this are one marker on the char
 class SharedBackground:
     def __init__(
         self,
-        prompts: Sequence[str],
+        prompts: Sequence[str | Preset],
         *,
         cap: int = MAX_BACKGROUND,
         visitor_cap: int = MAX_BACKGROUND_PER_VISITOR,
@@ -54,6 +55,14 @@ class SharedBackground:
         self._changes: collections.deque[tuple[float, int]] = collections.deque(maxlen=200)
         self._lock = threading.Lock()  # the sessions' tables: written on the loop, read by page threads
         self._granted: dict[str, int] | None = None  # the sessions' grants, until an ask changes
+
+    def set_prompts(self, prompts: Sequence[str | Preset]) -> None:
+        """The prompts the load's next requests cycle through, now and after a restart."""
+        if not prompts:
+            raise ValueError("background load needs at least one prompt")
+        self.prompts = list(prompts)
+        if self.load is not None:
+            self.load.set_prompts(self.prompts)
 
     @property
     def cap(self) -> int:

@@ -1,6 +1,6 @@
 """A long-lived engine service for an app: one engine, restartable, with load.
 
-Contract: ``EngineService`` owns a private asyncio loop in a thread, where the
+Contract: ``EngineService`` owns a private asyncio loop in a thread (``service.service_loop``), where the
 engine (``LiveEngine``), the tap receiver, the background load and the
 history of engine steps live. Its public methods are safe to call from any
 thread or event loop (the UI's):
@@ -10,14 +10,14 @@ thread or event loop (the UI's):
   person asked for, coalesced (``service.restart_gate``: never a queue of
   restarts, a minimum interval between them);
 - ``stream(prompt, ...)``: async iterator of ``Step`` then ``RequestResult``
-  for the caller's loop;
+  for the caller's loop (``service.foreground``: counted, a measurement waits for them);
 - ``set_background(n, visitor)``: closed-loop background requests, shared
   fairly between sessions and visitors, for as long as the engine runs
   (``service.background``);
 - ``profile_cost()``: measure the cost model again, at most every
   ``remeasure_interval_s`` (``MIN_REMEASURE_INTERVAL_S``) from the last measurement or ready;
-- ``stream(..., reference=True)``: the same on the speculation-off twin
-  (``service.twin``: watched, relaunched, stopped when idle);
+- ``reference`` (``backend.ReferenceTwin``): the same on the speculation-off twin
+  (``service.twin``: watched, relaunched, stopped when idle); ``recording`` is None;
 - ``steps_since(t)``: server-wide ``EngineStep`` history (tap), and
   ``prom_history()``: ``/metrics`` snapshots once a second (works attached too).
 
@@ -29,9 +29,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any
@@ -41,26 +40,40 @@ from engine_adapter.engine.launcher import StartProgress
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import PolicySpec, PolicyState
-from engine_adapter.policy.live_state import LivePolicy, PolicyView
+from engine_adapter.policy.live_state import LivePolicy, PolicyView, config_spec
 from engine_adapter.policy.profiler import ProfileProgress
+from engine_adapter.prompts import Preset
 from engine_adapter.records import EngineStep, PromSnapshot, RequestResult, Step
 from engine_adapter.service.backend import (
     LIVE,
     LOCAL_VISITOR,
     BackgroundShare,
-    ReplayInfo,
+    LoadMix,
+    Recording,
+    ReferenceTwin,
     RestartTicket,
     ServiceStatus,
+    StartTimes,
     State,
     TwinStatus,
     Visitor,
 )
 from engine_adapter.service.background import SharedBackground
 from engine_adapter.service.fair_share import MAX_BACKGROUND, MAX_BACKGROUND_PER_VISITOR, SESSION_IDLE_S
+from engine_adapter.service.foreground import ForegroundRequests
 from engine_adapter.service.history import EngineHistory
 from engine_adapter.service.load import LoadStats
-from engine_adapter.service.relay import relay
 from engine_adapter.service.restart_gate import RestartGate
+from engine_adapter.service.service_loop import ServiceLoop
+from engine_adapter.service.speedup_probe import (
+    ProbeEngine,
+    SpeedSettings,
+    SpeedupProbe,
+    SpeedupView,
+    check_probe_args,
+    probe_prompts,
+    speed_settings,
+)
 from engine_adapter.service.twin import SpeculationOffTwin
 from engine_adapter.service.watchdog import EngineGuard
 
@@ -94,7 +107,7 @@ class EngineService:
     def __init__(
         self,
         *,
-        background_prompts: Sequence[str] = (),
+        background_prompts: Sequence[str | Preset] = (),  # presets: the ledger knows each load request's kind
         max_background: int = MAX_BACKGROUND,
         background_max_tokens: int = 128,
         history_s: float = 600.0,
@@ -103,17 +116,17 @@ class EngineService:
         visitor_cap: int = MAX_BACKGROUND_PER_VISITOR,
         remeasure_interval_s: float = MIN_REMEASURE_INTERVAL_S,
     ) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="engine-service", daemon=True)
-        self._thread.start()
+        self._loop = ServiceLoop()
         self._engine: LiveEngine | None = None
         self._status = ServiceStatus(
             state="idle", progress=None, error=None, config=None, url=None, attached=False, generation=0
         )
         self.guard = EngineGuard(self)  # dead or hung engine -> clear status, restart with back-off
         self._launch = Launch()  # the last (re)start, for the guard
+        self._start_measuring_since: float | None = None  # when the (re)start under way began measuring
         self._lock = asyncio.Lock()  # created lazily in our loop (see _locked)
         self._bg_prompts = list(background_prompts)
+        self._load_kinds: tuple[str, ...] = ()  # the kinds the load runs (): all of them
         self.max_background = max_background
         # each browser session's ask; the cap is shared fairly between visitors (service/background.py)
         self.background = SharedBackground(
@@ -128,25 +141,29 @@ class EngineService:
         self.remeasure_interval_s = remeasure_interval_s
         self.history = EngineHistory(history_s)
         self._tasks: list[asyncio.Task] = []
+        self.foreground = ForegroundRequests(self._loop)  # visitors' requests in flight
         # called with each finished foreground request (the session recorder); must not block
-        self.on_result: list[Callable[[RequestResult], None]] = []
+        self.on_result = self.foreground.on_result
         # a speculation-off engine on the same target, started on first use
         self.twin = SpeculationOffTwin()
-        self._foreground = 0  # visitors' requests in flight (counted on the service loop)
+        self.reference = ReferenceTwin(status=self._twin_status, stream=self._stream_reference)
+        self.recording: Recording | None = None  # a live engine: no recorded session
         self._prom_task: asyncio.Task | None = None
         self._janitor_task: asyncio.Task | None = None
         self._twin_task: asyncio.Task | None = None
         # live K policies and the measured cost model (engines started with k_max)
-        self.live_policy = LivePolicy(self.steps_since, self._bg_prompts, **(policy_options or {}))
+        profile_prompts = [p.prompt if isinstance(p, Preset) else p for p in self._bg_prompts]
+        self.probe = SpeedupProbe()  # the speedup at this load, a presenter's measurement
+        self.live_policy = LivePolicy(self.steps_since, profile_prompts, **(policy_options or {}))
         self._submit(self._start_prom())
 
     # --- plumbing -----------------------------------------------------------
     def _submit(self, coro) -> Future:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return self._loop.submit(coro)
 
     async def _call(self, coro) -> Any:
         """Run ``coro`` on the service loop and await it from the caller's loop."""
-        return await asyncio.wrap_future(self._submit(coro))
+        return await self._loop.call(coro)
 
     def status(self) -> ServiceStatus:
         return replace(self._status, restart_due_in_s=self._restarts.due_in_s())
@@ -181,7 +198,7 @@ class EngineService:
     async def request_restart(self, config: EngineConfig) -> RestartTicket:
         """A restart a person asked for: coalesced with any other pending one, run after a short
         settle time and at least ``MIN_RESTART_INTERVAL_S`` after the last (``service.restart_gate``)."""
-        config.validate()
+        config = config.checked()
 
         async def ask() -> RestartTicket:
             return self._restarts.request(config)
@@ -196,6 +213,7 @@ class EngineService:
                 return  # the guard's restart, overtaken by a user's
             self._launch = Launch(config, attach)
             old = self._status.config
+            began, self._start_measuring_since = time.monotonic(), None
             gen = self._status.generation + 1
             self._set(
                 state="starting",
@@ -207,6 +225,7 @@ class EngineService:
                 url=None,
                 fault=self._status.fault if expect_generation is not None else None,
                 acceptance=LOSSLESS,
+                started=None,
             )
             # the speculation-off twin survives a change of method or K
             await self._teardown(twin=config is None or old is None or config.target != old.target)
@@ -239,12 +258,14 @@ class EngineService:
             # a full collection of the app's heap stalled every event loop of the process 0.5-0.9 s on
             # 2 cores, and the token view with it (docs/benchmarks.md, "UI latency")
             gc.freeze()
-            self._measured_at = time.monotonic()
+            self._measured_at = now = time.monotonic()
+            since = self._start_measuring_since
             self._set(
                 state="ready",
                 url=engine.url,
                 progress=StartProgress("ready", 1.0, "engine ready"),
                 vllm_version=engine.vllm_version,
+                started=StartTimes(now - began, None if since is None else now - since),
             )
             await self._apply_bg()  # the sessions' load survives a restart
 
@@ -280,13 +301,7 @@ class EngineService:
 
     def close(self) -> None:
         """Stop everything (engine process included); safe to call twice."""
-        if self._loop.is_closed():
-            return
-        if self._loop.is_running():
-            with contextlib.suppress(Exception):
-                self._submit(self._shutdown()).result(timeout=60)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
+        self._loop.stop(self._shutdown(), timeout_s=60)
         self._set(state="stopped")
 
     # --- history ------------------------------------------------------------
@@ -312,6 +327,8 @@ class EngineService:
         return await self._call(self.live_policy.apply(spec))
 
     def _measure_progress(self, p: ProfileProgress) -> None:
+        if self._status.state == "starting" and self._start_measuring_since is None:
+            self._start_measuring_since = time.monotonic()
         left = f", about {p.left_s:.0f} s left" if p.left_s else ""
         self._set(progress=StartProgress("measure", p.fraction, f"measuring this machine: {p.message}{left}"))
 
@@ -336,7 +353,7 @@ class EngineService:
     async def _remeasure(self) -> None:
         async with self._lock:  # no restart meanwhile
             await self.background.stop()  # the load resumes afterwards: the sessions' asks are kept
-            await self._foreground_done()
+            await self.foreground.wait_done(300.0, self._waiting_for_foreground)
             try:
                 await self.live_policy.measure(self._measure_progress)
             finally:
@@ -345,19 +362,55 @@ class EngineService:
                     self._set(state="ready", progress=StartProgress("ready", 1.0, "engine ready"))
             await self._apply_bg()
 
-    async def _foreground_done(self, timeout_s: float = 300.0) -> None:
-        """Wait for the visitors' requests in flight to end (each is bounded by its max_tokens)."""
-        deadline = time.monotonic() + timeout_s
-        while self._foreground and time.monotonic() < deadline:
-            self._set(
-                progress=StartProgress(
-                    "measure", 0.0, f"measuring this machine: waiting for {self._foreground} request(s) to finish"
-                )
-            )
-            await asyncio.sleep(0.2)
+    def _waiting_for_foreground(self, n: int) -> None:
+        waiting = f"measuring this machine: waiting for {n} request(s) to finish"
+        self._set(progress=StartProgress("measure", 0.0, waiting))
 
     def policy_view(self) -> PolicyView:
         return self.live_policy.view()
+
+    # --- the speedup at this load (a presenter's measurement) ---------------
+    def speedup_view(self) -> SpeedupView:
+        return self.probe.view()
+
+    def speed_settings(self) -> SpeedSettings | None:
+        """The settings line for a speed figure measured now (None: no engine ready)."""
+        engine, state, cfg = self._engine, self.live_policy.view().state, self._status.config
+        if engine is None or self._status.state != "ready":
+            return None
+        policy = state.spec if state is not None else config_spec(cfg or EngineConfig())
+        return self._settings_for(engine, policy)
+
+    def _settings_for(self, engine: LiveEngine, policy: PolicySpec) -> SpeedSettings:
+        stats = self.background.stats()
+        platform = engine.process.platform if engine.process is not None else None
+        return speed_settings(self._status.config, platform, policy, stats.in_flight if stats else 0)
+
+    async def measure_speedup(self, repeats: int = 2, max_tokens: int = 64) -> SpeedupView:
+        """Measure plain decoding against the policy in force on one prompt of each task kind,
+        under the load as it is (``service.speedup_probe``); returns once it has begun."""
+        return await self._call(self._begin_probe(int(repeats), int(max_tokens)))
+
+    async def _begin_probe(self, repeats: int, max_tokens: int) -> SpeedupView:
+        check_probe_args(repeats, max_tokens)
+        engine = await self._ready_engine()
+        view = self.live_policy.view()
+        if not view.available or view.state is None or view.profiling:
+            raise RuntimeError(f"measuring the speedup needs a live K policy in force ({view.why_not or 'not yet'})")
+        prompts = probe_prompts([p for p in self._bg_prompts if isinstance(p, Preset)])
+        settings = self._settings_for(engine, view.state.spec)
+        run = self.probe.start(
+            ProbeEngine(
+                engine.client, lambda: self._engine is engine, self.live_policy.apply, self.history.acknowledged
+            ),
+            view.state.spec,
+            prompts,
+            settings,
+            repeats,
+            max_tokens,
+        )
+        self._tasks.append(asyncio.create_task(run))
+        return self.probe.view()
 
     # --- the acceptance rule ------------------------------------------------
     async def set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule:
@@ -387,50 +440,34 @@ class EngineService:
         # the main engine's KV cache is mapped at its start and committed as it fills: keep it free
         return await self.twin.get(cfg, may_start=may_start, reserve_bytes=int(cfg.kv_cache_gib * GIB))
 
-    def twin_status(self, may_start: bool) -> TwinStatus:
+    def _twin_status(self, may_start: bool) -> TwinStatus:
         return TwinStatus(self.twin.state, self.twin.note, may_start)
 
-    async def stream(
-        self,
-        prompt: str,
-        *,
-        max_tokens: int,
-        temperature: float,
-        reference: bool = False,
-        request_id: str | None = None,
-        may_start_reference: bool = True,
+    def stream(
+        self, prompt: str, *, max_tokens: int, temperature: float, request_id: str | None = None
     ) -> AsyncIterator[Step | RequestResult]:
-        """Foreground request; items cross from the service loop to the caller's.
+        """A visitor's request; items cross from the service loop to the caller's."""
+        return self.foreground.stream(
+            self._ready_engine, prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id
+        )
 
-        ``reference=True`` runs it on a speculation-off engine with the same
-        target (started on first use if ``may_start_reference``, ~30 s), for the lossless check.
-        """
+    def _stream_reference(
+        self, prompt: str, *, max_tokens: int, temperature: float, may_start: bool
+    ) -> AsyncIterator[Step | RequestResult]:
+        """The same on the speculation-off twin (``reference.stream``), for the lossless check; its
+        result is not reported to ``on_result``."""
+
+        async def twin() -> LiveEngine:
+            await self._ready_engine()
+            return await self._call(self._get_reference(may_start))
+
+        return self.foreground.stream(twin, prompt, max_tokens=max_tokens, temperature=temperature, report=False)
+
+    async def _ready_engine(self) -> LiveEngine:
         engine = self._engine
         if engine is None or self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
-        if reference:
-            engine = await self._call(self._get_reference(may_start_reference))
-
-        async def counted() -> AsyncIterator[Step | RequestResult]:
-            self._foreground += 1  # on the service loop: the measurement waits for these
-            try:
-                async with contextlib.aclosing(
-                    engine.client.generate(
-                        prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id, first=True
-                    )
-                ) as items:
-                    async for item in items:
-                        yield item
-            finally:
-                self._foreground -= 1
-
-        # closing this (Stop, a closed page) closes the stream at once and vLLM aborts the request
-        async with contextlib.aclosing(relay(self._loop, counted())) as items:
-            async for item in items:
-                if isinstance(item, RequestResult) and not reference:
-                    for callback in self.on_result:
-                        callback(item)
-                yield item
+        return engine
 
     # --- background load ----------------------------------------------------
     def _serving_client(self):
@@ -474,19 +511,28 @@ class EngineService:
             with contextlib.suppress(Exception):  # a bad round must not end the load's upkeep
                 await self.background.janitor_round(self._serving_client())
 
-    # --- replay (none: this is a live engine) ---------------------------------
-    @property
-    def replay_info(self) -> ReplayInfo | None:
-        return None
-
-    def replay_prompt(self, prompt: str) -> str:
-        return prompt
-
-    def recorded_requests(self) -> list[RequestResult]:
-        return []
-
     def background_stats(self) -> LoadStats | None:
         return self.background.stats()
 
     def background_tokens_per_second(self, window_s: float = 10.0) -> float:
         return self.background.tokens_per_second(window_s)
+
+    def load_mix(self) -> LoadMix:
+        available = tuple(dict.fromkeys(p.category for p in self._bg_prompts if isinstance(p, Preset) and p.category))
+        return LoadMix(available, self._load_kinds or available)
+
+    async def set_load_mix(self, kinds: Sequence[str]) -> LoadMix:
+        """The load's next requests come from the prompts of ``kinds`` only (every kind: all);
+        raises ValueError for a kind the load has no prompt of."""
+        available = self.load_mix().available
+        chosen = tuple(dict.fromkeys(kinds))
+        if not chosen or not set(chosen) <= set(available):
+            raise ValueError(f"choose among the load's task kinds: {', '.join(available) or 'none'}; got {kinds!r}")
+        prompts = [p for p in self._bg_prompts if isinstance(p, Preset) and p.category in chosen]
+
+        async def apply() -> None:
+            self.background.set_prompts(prompts)
+            self._load_kinds = () if set(chosen) == set(available) else chosen
+
+        await self._call(apply())
+        return self.load_mix()

@@ -5,7 +5,9 @@ Contract:
   with ``concurrency`` requests in flight (like ``vllm bench serve
   --max-concurrency N``) and returns the results in prompt order.
 - ``BackgroundLoad(client, prompts, ...)`` keeps ``set_concurrency(n)``
-  requests in flight, cycling through the prompts, until ``stop()``; lowering N
+  requests in flight, cycling through the prompts (texts, or presets whose task kind each
+  request's id then names: ``records.load_request_id``; ``set_prompts`` changes them for the
+  next requests), until ``stop()``; lowering N
   cancels the extra requests at once (vLLM aborts a request whose stream is
   closed), and a worker that ended is replaced at the next ``set_concurrency``.
   A measurement bounds it with ``max_requests`` and ``max_seconds`` (none by
@@ -22,12 +24,23 @@ import contextlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from engine_adapter.engine.client import EngineClient
-from engine_adapter.records import RequestResult, Step
+from engine_adapter.prompts import Preset
+from engine_adapter.records import RequestResult, Step, load_request_id
 from engine_adapter.service.fair_share import MAX_BACKGROUND
+
+
+def _cycle(prompts: Sequence[str | Preset]) -> Iterator[Preset]:
+    """The prompts over and over, task kinds taking turns (a load of six runs six kinds)."""
+    by_kind: dict[str, list[Preset]] = {}
+    for p in prompts:
+        preset = p if isinstance(p, Preset) else Preset("", "", p)
+        by_kind.setdefault(preset.category, []).append(preset)
+    turns = itertools.zip_longest(*by_kind.values())
+    return itertools.cycle([p for turn in turns for p in turn if p is not None])
 
 
 async def _run_one(
@@ -36,11 +49,13 @@ async def _run_one(
     max_tokens: int,
     temperature: float,
     on_step: Callable[[Step], None] | None = None,
+    request_id: str | None = None,
 ) -> RequestResult:
     result = None
     # aclosing: a cancelled task closes the stream (and vLLM aborts the request) at
     # once, not whenever the abandoned generator happens to be collected
-    async with contextlib.aclosing(client.generate(prompt, max_tokens=max_tokens, temperature=temperature)) as items:
+    stream = client.generate(prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id)
+    async with contextlib.aclosing(stream) as items:
         async for item in items:
             if isinstance(item, RequestResult):
                 result = item
@@ -91,7 +106,7 @@ class BackgroundLoad:
     def __init__(
         self,
         client: EngineClient,
-        prompts: Sequence[str],
+        prompts: Sequence[str | Preset],
         *,
         max_tokens: int = 128,
         temperature: float = 0.0,
@@ -104,7 +119,7 @@ class BackgroundLoad:
         if not prompts:
             raise ValueError("background load needs at least one prompt")
         self.client = client
-        self._prompts = itertools.cycle(list(prompts))
+        self._prompts = _cycle(prompts)
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.max_requests = max_requests
@@ -131,6 +146,12 @@ class BackgroundLoad:
     @property
     def target(self) -> int:
         return self._target
+
+    def set_prompts(self, prompts: Sequence[str | Preset]) -> None:
+        """The prompts the next requests cycle through (those running finish as they are)."""
+        if not prompts:
+            raise ValueError("background load needs at least one prompt")
+        self._prompts = _cycle(prompts)
 
     def stats(self) -> LoadStats:
         in_flight = sum(1 for t in self._tasks if not t.done())
@@ -178,9 +199,15 @@ class BackgroundLoad:
         # stack swallows a concurrent native Task.cancel()); not reproduced in isolation.
         while self._may_start() and not (me is not None and me.cancelling()):
             self._started += 1
+            preset = next(self._prompts)
             try:
                 result = await _run_one(
-                    self.client, next(self._prompts), self.max_tokens, self.temperature, self.note_step
+                    self.client,
+                    preset.prompt,
+                    self.max_tokens,
+                    self.temperature,
+                    self.note_step,
+                    load_request_id(preset.category),
                 )
             except asyncio.CancelledError:
                 raise

@@ -4,6 +4,7 @@ Contract: ``relay(loop, items)`` runs the async iterator ``items`` on ``loop`` (
 and yields its items on the caller's loop, in order; an exception it raises is raised to the
 caller. Closing the relay (the caller's Stop, a closed page) cancels the producer at once, and
 ``items`` is closed with it (``contextlib.aclosing``: a request's stream closed, vLLM aborts it).
+A caller whose event loop has closed is sent nothing more.
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ async def relay(loop: asyncio.AbstractEventLoop, items: AsyncIterator[T]) -> Asy
     out: asyncio.Queue = asyncio.Queue()
     done = object()
 
+    def send(item: object) -> None:
+        if not caller.is_closed():  # a caller whose loop ended (a script's asyncio.run) reads nothing
+            caller.call_soon_threadsafe(out.put_nowait, item)
+
     async def produce() -> None:
         try:
             async with contextlib.aclosing(items) as running:
                 async for item in running:
-                    caller.call_soon_threadsafe(out.put_nowait, item)
+                    send(item)
         except Exception as e:
-            caller.call_soon_threadsafe(out.put_nowait, e)
+            send(e)
         finally:
-            caller.call_soon_threadsafe(out.put_nowait, done)
+            send(done)
 
     fut = asyncio.run_coroutine_threadsafe(produce(), loop)
     try:

@@ -12,15 +12,17 @@ Contract: ``ReplayService(path, speed=1.0)`` is a ``Backend`` (``service/backend
 - ``stream(prompt, ...)``: plays a recorded foreground request step by step
   with its recorded timing (divided by ``speed``): the one whose prompt equals
   ``prompt`` if any, else the next one in recorded order (``replay_prompt``
-  says which it will be);
+  says which it will be); it has no speculation-off twin (``reference`` is None);
 - ``start()``/``attach()``/``restart()``/``set_background()`` change nothing
-  and leave a note in ``replay_info``; ``stream(reference=True)`` raises (no
-  engine for a lossless check); ``prom_history()`` is empty.
-- ``replay_info``: where the replay stands (``None`` on a live service):
-  file, recorded config, speed, position and length, loop count, last note;
-  ``recorded_requests()``: the recorded foreground requests, in order.
+  and leave a note in ``replay_info``; ``prom_history()`` is empty.
+- ``replay_info``: where the replay stands: file, recorded config, speed,
+  position and length, loop count, last note; ``recorded_requests()``: the
+  recorded foreground requests, in order. ``recording`` (``backend.Recording``)
+  offers the three to the page.
 
-No engine, no tokenizer, no network: everything comes from the file.
+No engine, no tokenizer, no network: everything comes from the file. Time comes from
+``clock`` (seconds, ``time.monotonic`` by default) and a played request waits with ``sleep``
+(``asyncio.sleep``); tests pass their own.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import asyncio
 import bisect
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import fields, replace
 from pathlib import Path
@@ -40,14 +42,17 @@ from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import (
     REPLAY,
     BackgroundShare,
+    LoadMix,
+    Recording,
+    ReferenceTwin,
     ReplayInfo,
     RestartTicket,
     ServiceStatus,
-    TwinStatus,
     Visitor,
 )
 from engine_adapter.service.fair_share import MAX_BACKGROUND
 from engine_adapter.service.load import LoadStats
+from engine_adapter.service.speedup_probe import SpeedSettings, SpeedupView
 from engine_adapter.trace.format import SessionTrace, read_session
 
 HISTORY_S = 600.0  # how far back steps_since / load_changes look, in recorded seconds
@@ -80,7 +85,13 @@ class ReplayService:
     capabilities = REPLAY
 
     def __init__(
-        self, path: str | Path, *, speed: float = 1.0, loop: bool = True, clock: Callable[[], float] = time.monotonic
+        self,
+        path: str | Path,
+        *,
+        speed: float = 1.0,
+        loop: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         if not speed > 0:
             raise ValueError(f"replay speed must be > 0; got {speed}")
@@ -91,6 +102,7 @@ class ReplayService:
         self.speed = float(speed)
         self.loop = loop
         self._clock = clock
+        self._sleep = sleep  # a played request's waits between its steps
         self.duration_s = max(self.trace.duration_s, 1e-3)
         self._step_t = [s.t for s in self.trace.steps]
         self._config = _config_from_header(self.trace.header)
@@ -99,6 +111,10 @@ class ReplayService:
         self._closed = False
         self.max_background = max([n for _, n in self.trace.loads] + [0])
         self.on_result: list[Callable[[RequestResult], None]] = []  # as EngineService (never called)
+        self.reference: ReferenceTwin | None = None  # no engine: no speculation-off twin
+        self.recording = Recording(
+            info=lambda: self.replay_info, prompt_for=self.replay_prompt, requests=self.recorded_requests
+        )
         self._origin = clock()
 
     # --- the replay's clock ---------------------------------------------------
@@ -247,6 +263,33 @@ class ReplayService:
         b = self._background_at(self.position_s())
         return float(b["tokens_per_s"]) if b else 0.0
 
+    def load_mix(self) -> LoadMix:
+        return LoadMix((), ())
+
+    def speed_settings(self) -> SpeedSettings | None:
+        """The recorded engine's settings; the hardware and the date are the recording's."""
+        h = self.trace.header
+        cfg = h.get("config") or {}
+        draft = Path(str(cfg.get("draft") or "")).name if h.get("method") == "draft" else str(h.get("method"))
+        return SpeedSettings(
+            hardware="recorded (the recording's machine)",
+            dtype=str(h.get("dtype") or cfg.get("dtype") or "?"),
+            models=f"{Path(str(cfg.get('target') or h.get('target') or '?')).name} / {draft}",
+            method=str(h.get("method") or "?"),
+            policy="as recorded",
+            concurrency=self._load_at(self.position_s()),
+            date=str(h.get("started_at") or "?")[:10],
+        )
+
+    def speedup_view(self) -> SpeedupView:
+        return SpeedupView(message="a replay measures nothing: it plays a recorded session")
+
+    async def measure_speedup(self, repeats: int = 2, max_tokens: int = 64) -> SpeedupView:
+        raise RuntimeError("a replay measures nothing: it plays a recorded session")
+
+    async def set_load_mix(self, kinds: Sequence[str]) -> LoadMix:
+        raise RuntimeError("a replay plays its recorded load: its task mix cannot change")
+
     # --- K policies: recorded, never applied ------------------------------------
     @property
     def policy_changes(self) -> list[tuple[float, dict]]:
@@ -314,25 +357,15 @@ class ReplayService:
         i = self._find(prompt)
         return self.trace.requests[self._cursor % len(self.trace.requests) if i is None else i].prompt
 
-    def twin_status(self, may_start: bool) -> TwinStatus:
-        return TwinStatus("off", "a replay has no engine to compare with", False)
-
     async def stream(
         self,
         prompt: str,
         *,
         max_tokens: int = 0,
         temperature: float = 0.0,
-        reference: bool = False,
         request_id: str | None = None,  # EngineService's; a replay keeps the recorded ids
-        may_start_reference: bool = True,
     ) -> AsyncIterator[Step | RequestResult]:
         """Play a recorded foreground request (``max_tokens``/``temperature`` are the recorded ones)."""
-        if reference:
-            raise RuntimeError(
-                "this is a replay of a recorded session: there is no engine to run the "
-                "speculation-off twin on. The lossless check needs a live engine (python app.py)."
-            )
         reqs = self.trace.requests
         if not reqs:
             raise RuntimeError(
@@ -349,9 +382,9 @@ class ReplayService:
             delay = (step.t - prev) / self.speed
             prev = step.t
             if delay > 0:
-                await asyncio.sleep(min(delay, 30.0))
+                await self._sleep(min(delay, 30.0))
             yield replace(step, t=self._clock())
         delay = (result.t_end - prev) / self.speed
         if delay > 0:
-            await asyncio.sleep(min(delay, 5.0))
+            await self._sleep(min(delay, 5.0))
         yield result

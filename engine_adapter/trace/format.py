@@ -4,8 +4,9 @@ Contract: a session trace extends the recorder's trace format (docs/trace-format
 one JSON object per line, every ``t`` in seconds since the session started (the moment
 the engine was first ready), floats rounded:
 
-- ``{"type": "run", "session": true, ...}``: first line; the engine config,
-  vLLM version, start date.
+- ``{"type": "run", "session": true, "format": TRACE_FORMAT, ...}``: first line; the
+  engine config, vLLM version, start date. ``format`` counts changes a reader must know
+  of; a trace without it is format 1, and a reader refuses a format newer than its own.
 - ``{"type": "engine_step", "t", ...}``: every field of ``records.EngineStep``,
   one line per engine step (whole server: foreground and background requests).
 - ``{"type": "request", ...}``: a finished foreground request as
@@ -40,9 +41,22 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from engine_adapter.records import EngineStep, RelaxedDraft, RequestResult, Step
+from engine_adapter.records import EngineStep, RelaxedDraft, RequestInStep, RequestResult, SlotBid, Step
 
 _ROUND = {"t": 4, "wall_s": 5, "interval_s": 5, "tap_s": 6}
+TRACE_FORMAT = 2  # 2: the header names its format (1: no "format" field; read the same way)
+
+
+def trace_format(header: dict[str, Any]) -> int:
+    """The header's format (1 when it names none); ``ValueError`` for one newer than this reader's."""
+    version = header.get("format", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"the header's format is {version!r}, not a positive whole number")
+    if version > TRACE_FORMAT:
+        raise ValueError(
+            f"the trace is in format {version}, written by a newer explorer; this one reads formats 1 to {TRACE_FORMAT}"
+        )
+    return version
 
 
 def _r(x: float | None, digits: int = 4) -> float | None:
@@ -101,6 +115,7 @@ def session_header(
     cfg = dict(config or {})
     return {
         "type": "run",
+        "format": TRACE_FORMAT,
         "session": True,
         "method": "attach" if attached else cfg.get("method"),
         "k": cfg.get("k"),
@@ -135,17 +150,34 @@ def engine_step_line(step: EngineStep, t0: float) -> dict[str, Any]:
             continue
         if f.name == "t":
             v = step.t - t0
+        if f.name == "requests":  # one short array per request: a step at load holds dozens
+            d[f.name] = [_request_row(r) for r in step.requests]
+            continue
         d[f.name] = _r(v, _ROUND[f.name]) if f.name in _ROUND else _jsonable(v)
     return d
 
 
-def _slot_bid(b: Any) -> Any:
-    from engine_adapter import records
+def _request_row(r: RequestInStep) -> list[Any]:
+    """[request_id, num_drafted, num_accepted, num_emitted], then 1 if drafted across a hole."""
+    row: list[Any] = [r.request_id, r.num_drafted, r.num_accepted, r.num_emitted]
+    return [*row, 1] if r.drafted_across else row
 
-    cls = getattr(records, "SlotBid", None)
-    if cls is None or not isinstance(b, dict):
+
+def _request_in_step(row: list[Any]) -> RequestInStep:
+    rid, drafted, accepted, emitted, *across = row
+    return RequestInStep(
+        request_id=str(rid),
+        num_drafted=int(drafted),
+        num_accepted=int(accepted),
+        num_emitted=int(emitted),
+        drafted_across=bool(across and across[0]),
+    )
+
+
+def _slot_bid(b: Any) -> Any:
+    if not isinstance(b, dict):
         return b
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in b.items()})
+    return SlotBid(**{k: tuple(v) if isinstance(v, list) else v for k, v in b.items()})
 
 
 def engine_step_from_line(d: dict[str, Any]) -> EngineStep:
@@ -154,7 +186,9 @@ def engine_step_from_line(d: dict[str, Any]) -> EngineStep:
         if f.name not in d:
             continue
         v = d[f.name]
-        if isinstance(v, list):
+        if f.name == "requests":
+            v = tuple(_request_in_step(row) for row in v)
+        elif isinstance(v, list):
             v = tuple(_slot_bid(x) if f.name == "bids" else x for x in v)
         kw[f.name] = v
     return EngineStep(**kw)
@@ -367,6 +401,10 @@ def read_session(path: str | Path) -> SessionTrace:
         if trace is None:
             if kind != "run":
                 raise ValueError(f'{path}:{n}: a trace starts with a {{"type": "run"}} line')
+            try:
+                trace_format(d)
+            except ValueError as e:
+                raise ValueError(f"{path}:{n}: {e}") from None
             trace = SessionTrace(header=d)
             continue
         try:

@@ -21,10 +21,12 @@ Contract: ``PolicyHooksMixin`` goes before ``tap.TapMixin`` on a vLLM v1 schedul
   at the skipped slots: its drafts come from its own text alone; ``_hole``), and
   corrects a table policy's K where ``policy.k_policy.idle_drafter_k`` says so.
 
-It feeds the observing half through the tap's hooks: per-request lossless verdicts go
-to the auction's ``SlotEstimator`` (under a lossy rule, the drafts before the first
-relaxed one; that one the lossless rule rejected), and each step's auction decision
-and the count of applied commands go into the step's message. Output stays lossless
+It writes what it did in each step into the step's ``step_context.StepContext`` (the
+tap's ``step_context``), which the tap publishes: the auction's decision, the catch-up
+re-run, the requests whose drafts were made across a hole, the acceptance rule and the
+drafts it relaxed. Per-request lossless verdicts come back through the tap's
+``_observe_request`` hook to the auction's ``SlotEstimator`` (under a lossy rule, the
+drafts before the first relaxed one; that one the lossless rule rejected). Output stays lossless
 unless a lossy acceptance rule was asked for: the target still verifies every draft
 that is left. A bad command never stops the engine.
 
@@ -43,7 +45,14 @@ from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 from engine_adapter.acceptance import SlotEstimator
 from engine_adapter.acceptance_rule import AcceptanceRule
 from engine_adapter.policy.cost_model import CostModel
-from engine_adapter.policy.k_policy import RECENT_PEAK_S, RECENT_PEAK_STEPS, auction, best_ceiling, idle_drafter_k
+from engine_adapter.policy.k_policy import (
+    RECENT_PEAK_S,
+    RECENT_PEAK_STEPS,
+    auction,
+    best_ceiling,
+    equal_slots,
+    idle_drafter_k,
+)
 from engine_adapter.records import visitor_count
 from engine_adapter.vllm_plugin.acceptance_rules import RELAXED_ATTR, RULE_ATTR
 from engine_adapter.vllm_plugin.catch_up import (
@@ -63,7 +72,6 @@ from engine_adapter.vllm_plugin.wire import (
     DEFAULT_CATCH_UP_TOKENS,
     AuctionRow,
     BidRow,
-    RelaxedRow,
     decode_control,
 )
 
@@ -89,7 +97,9 @@ class PolicyHooksMixin:
         # so switching the auction on starts from what the engine has seen
         self._estimator = SlotEstimator(k_max=max(self.num_spec_tokens, 1))
         self._auction_cost: CostModel | None = None
-        self._decisions: dict[int, AuctionRow] = {}  # id(scheduler_output) -> the auction's decision
+        # how the auction's slots are spent: "auction" (best-first, the machine's tokens/s) or
+        # "equal" (the same number of slots, shared alike: k_policy.equal_slots)
+        self._allocation = "auction"
         # requests whose draft model skipped their tokens at a K=0 step (idle_drafter.py):
         # its cache has a hole for them (what that means for their drafts: ``_hole``)
         self._idle_drafter = is_idle_drafter_worker(self.vllm_config.parallel_config.worker_cls)
@@ -102,17 +112,10 @@ class PolicyHooksMixin:
         self._draft_model = spec is not None and spec.uses_draft_model()
         budget = int(os.environ.get(CATCH_UP_TOKENS_ENV, DEFAULT_CATCH_UP_TOKENS))
         self._catch_up_tokens = max(budget, 0) * self._draft_model
-        self._plans: dict[int, dict[str, tuple[int, int]]] = {}  # id(scheduler_output) -> its catch-up plan
-        self._caught_up_now: dict[str, int] = {}  # request -> tokens re-run in the step being published
-        # id(scheduler_output) -> the requests with a hole when it was scheduled: whatever drafts it verifies
-        # for them were proposed across the hole (the step that opens a hole verifies drafts made before it)
-        self._holed_at_schedule: dict[int, frozenset[str]] = {}
-        self._across_now: frozenset[str] = frozenset()  # the same, for the step being published
         self._steps_scheduled = 0
         # the acceptance rule, engine-wide (None = vLLM's lossless rule): named on every step's
         # SchedulerOutput for the worker (lossy_sampler.py), which says what it relaxed
         self._acceptance: dict | None = None
-        self._relaxed_now: dict[str, list[RelaxedRow]] = {}  # request -> relaxed drafts, the step being published
         # (monotonic s, batch size) of the last steps, for k_policy.idle_drafter_k
         self._recent_batches: deque[tuple[float, int]] = deque(maxlen=RECENT_PEAK_STEPS)
         if control and self.dynamic_sd_lookup is not None:
@@ -142,6 +145,7 @@ class PolicyHooksMixin:
                     self._estimator.prior = float(a.get("prior", self._estimator.prior))
                     self._estimator.strength = float(a.get("strength", self._estimator.strength))
                     self._auction_cost = cost
+                    self._allocation = "equal" if a.get("allocation") == "equal" else "auction"
                 elif "catch_up" in msg:
                     self._catch_up_tokens = max(int(msg["catch_up"]), 0) * self._draft_model
                 elif "acceptance" in msg:
@@ -192,15 +196,18 @@ class PolicyHooksMixin:
         scores = {r.request_id: full[r.request_id][: len(r.spec_token_ids)] for r in drafting}
         k_drafted = max(len(r.spec_token_ids) for r in drafting)
         res = auction(scores, cost, batch_size=b, k_drafted=k_drafted)
+        admitted = res.admitted
+        if self._allocation == "equal":  # the auction's number of slots, shared alike
+            admitted = equal_slots({rid: len(sc) for rid, sc in scores.items()}, res.slots)
         for r in drafting:
-            n = res.admitted[r.request_id]
+            n = admitted[r.request_id]
             if n < len(r.spec_token_ids):
                 r.spec_token_ids = list(r.spec_token_ids[:n])
         bids = [
-            BidRow(engine_request_id=rid, scores=[round(x, 4) for x in sc], admitted=res.admitted[rid])
+            BidRow(engine_request_id=rid, scores=[round(x, 4) for x in sc], admitted=admitted[rid])
             for rid, sc in scores.items()
         ]
-        return AuctionRow(slots=res.slots, bids=bids, ceiling=ceiling)
+        return AuctionRow(slots=sum(admitted.values()), bids=bids, ceiling=ceiling)
 
     def _step_batch(self) -> tuple[list, int]:
         """The step's new requests and its batch size: the running requests plus the
@@ -248,16 +255,17 @@ class PolicyHooksMixin:
         able = [r for r in self.running if holes[r.request_id] != "no_drafts"]
         return able, bool(fresh) or "catch_up" in holes.values()
 
-    def _track_holes(self, out) -> None:
-        """After vLLM scheduled a step: open or grow holes at K=0, plan their catch-up at K>0."""
+    def _track_holes(self, out) -> dict[str, tuple[int, int]]:
+        """After vLLM scheduled a step: open or grow holes at K=0, plan their catch-up at K>0;
+        returns the plan (request -> (first position, count)), also set on ``out`` for the worker."""
         self._steps_scheduled += 1
         ran = out.num_spec_tokens_to_schedule > 0
         if ran and not self._missed:
-            return  # the usual step: nothing to open, nothing to plan
+            return {}  # the usual step: nothing to open, nothing to plan
         starts = _segment_starts(out)
         if not ran:
             self._open_holes(out, starts)
-            return
+            return {}
         holed = []
         for rid in out.num_scheduled_tokens:
             if rid in self._missed:
@@ -269,7 +277,7 @@ class PolicyHooksMixin:
                     self._missed[rid] = m
                     holed.append((rid, m))
         if not holed or not self._catch_up_tokens:
-            return
+            return {}
         # what the scheduler left of the step's token budget (a draft model takes one slot a request)
         slack = (
             self.scheduler_config.max_num_batched_tokens
@@ -281,7 +289,7 @@ class PolicyHooksMixin:
         plan = {rid: (m.first, m.count) for (rid, m), t in zip(holed, take) if t}
         if plan:
             setattr(out, PLAN_ATTR, plan)
-            self._plans[id(out)] = plan
+        return plan
 
     def _open_holes(self, out, starts: dict[str, int]) -> None:
         """The draft model skipped every request of the step ``out``: open or grow their holes."""
@@ -328,27 +336,29 @@ class PolicyHooksMixin:
         # K=0) is no guide to the visitor who comes next, and would keep that visitor from drafting
         if self._idle_drafter and (visitors := visitor_count(out.num_scheduled_tokens)):
             self._recent_batches.append((time.monotonic(), visitors))
+        context = self.step_context(out)
         if self._idle_drafter:
-            if self._missed:  # the drafts this step verifies were proposed with these holes open
-                self._holed_at_schedule[id(out)] = frozenset(self._missed)
-            self._track_holes(out)
-        if decision is not None and self.tap_enabled:
-            self._decisions[id(out)] = decision
+            # the drafts this step verifies were proposed with these holes open (the step that opens a
+            # hole verifies drafts made before it)
+            context.holed = frozenset(self._missed)
+            context.plan = self._track_holes(out)
+        context.decision = decision
         if self._acceptance is not None:
             setattr(out, RULE_ATTR, self._acceptance)  # reaches the worker's execute_model
+            context.rule = self._acceptance["name"]
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         """The worker says which planned holes it re-ran (``catch_up.APPLIED_ATTR``); those close.
         After a K=0 step it says whether it blanked the skipped slots (``ZEROED_ATTR``)."""
-        plan = self._plans.pop(id(scheduler_output), None)
-        if plan:
+        context = self.step_context(scheduler_output)
+        if context.plan:
             applied = getattr(model_runner_output, APPLIED_ATTR, None) or {}
-            for rid, (_first, count) in plan.items():
+            for rid, (_first, count) in context.plan.items():
                 if applied.get(rid) == count:
                     self._missed.pop(rid, None)
                     self._unblanked.discard(rid)
-                    self._caught_up_now[rid] = count
+                    context.caught_up[rid] = count
         if self._idle_drafter and getattr(model_runner_output, PASS_SKIPPED_ATTR, False):
             # vLLM skipped the draft pass at K > 0 (an input too long for the drafter): holes, not blanked
             self._open_holes(scheduler_output, _segment_starts(scheduler_output))
@@ -359,14 +369,8 @@ class PolicyHooksMixin:
             and not getattr(model_runner_output, ZEROED_ATTR, False)
         ):
             self._unblanked.update(rid for rid in scheduler_output.num_scheduled_tokens if rid in self._missed)
-        self._across_now = self._holed_at_schedule.pop(id(scheduler_output), frozenset())
-        self._relaxed_now = getattr(model_runner_output, RELAXED_ATTR, None) or {}
-        try:
-            return super().update_from_output(scheduler_output, model_runner_output)
-        finally:
-            self._caught_up_now.clear()
-            self._across_now = frozenset()
-            self._relaxed_now = {}
+        context.relaxed = getattr(model_runner_output, RELAXED_ATTR, None) or {}
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     def shutdown(self) -> None:
         if self._control is not None:
@@ -374,31 +378,15 @@ class PolicyHooksMixin:
         super().shutdown()
 
     # --- the tap's hooks ----------------------------------------------------------
-    def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool) -> bool:
+    def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool, across: bool) -> bool:
         lost = req_id in self._missed
         if num_drafted:
-            self._estimator.observe(req_id, num_drafted, accepted, pooled=not self._drafted_across(req_id))
+            self._estimator.observe(req_id, num_drafted, accepted, pooled=not across)
         if finished:
             self._estimator.forget(req_id)
             self._missed.pop(req_id, None)
             self._unblanked.discard(req_id)
         return lost
-
-    def _caught_up(self, req_id: str) -> int:
-        return self._caught_up_now.get(req_id, 0)
-
-    def _drafted_across(self, req_id: str) -> bool:
-        return req_id in self._across_now
-
-    def _relaxed(self, req_id: str) -> list[RelaxedRow]:
-        return self._relaxed_now.get(req_id, [])
-
-    def _rule_name(self, scheduler_output) -> str:
-        rule = getattr(scheduler_output, RULE_ATTR, None)
-        return rule["name"] if rule else "lossless"
-
-    def _step_decision(self, scheduler_output) -> AuctionRow | None:
-        return self._decisions.pop(id(scheduler_output), None)
 
     def _forget_gone(self) -> None:
         for rid in [r for r in self._missed if r not in self.requests]:  # (the idle drafter needs the tap)

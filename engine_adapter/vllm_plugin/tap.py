@@ -25,13 +25,13 @@ blocks the engine: if no reader keeps up, messages are dropped and counted. The
 tap's own time per step is measured and sent with the next step, so its overhead
 is a measured number, not a claim.
 
-What the policy half (``policy_hooks.py``) adds to a message comes through hooks
-with neutral defaults here: ``_observe_request`` (each request's lossless verdict;
-returns whether its drafter is idle), ``_caught_up`` (tokens the draft model re-ran
-for it in the step), ``_relaxed`` (its drafts kept only by a lossy acceptance rule),
-``_rule_name`` (the rule of the step), ``_step_decision`` (the slot auction's
-decision for the step), ``_controls_applied`` (control commands applied so far)
-and ``_forget_gone`` (housekeeping for requests vLLM no longer holds).
+Each step has one ``step_context.StepContext``, made here in ``schedule()`` and kept in
+``InFlightSteps`` until the step is published: the policy half (``policy_hooks.py``) fills
+in the auction's decision, the catch-up, the holes and the acceptance rule and its relaxed
+drafts (``step_context(scheduler_output)`` finds it), and the message is built from it.
+Two hooks with neutral defaults here remain: ``_observe_request`` (each request's lossless
+verdict; returns whether its drafter is idle) and ``_forget_gone`` (housekeeping for
+requests vLLM no longer holds); ``_controls_applied`` counts the control commands applied.
 
 This module pins vLLM internals: ``vllm_seam`` lists them and checks the version.
 """
@@ -46,7 +46,8 @@ import zmq
 
 from engine_adapter.acceptance_rule import lossless_accepted
 from engine_adapter.vllm_plugin.side_channel import VERIFIED_ATTR
-from engine_adapter.vllm_plugin.wire import TAP_ADDR_ENV, AuctionRow, RelaxedRow, TapRequestStep, TapStep, encode_step
+from engine_adapter.vllm_plugin.step_context import InFlightSteps, StepContext
+from engine_adapter.vllm_plugin.wire import TAP_ADDR_ENV, TapRequestStep, TapStep, encode_step
 
 HOUSEKEEPING_STEPS = 256  # every this many published steps, forget requests vLLM no longer holds
 
@@ -63,10 +64,6 @@ class StepPublisher:
         self.dropped = 0
         self.last_tap_s = 0.0
         self.last_end = time.monotonic()
-        # id(scheduler_output) -> perf_counter at schedule() start; async
-        # scheduling keeps up to two steps in flight.
-        self.started: dict[int, float] = {}
-        self.controls_at: dict[int, int] = {}  # id(scheduler_output) -> control commands applied when scheduled
         self.policy_s = 0.0  # time in control commands and the auction since the last publish
 
     def publish(self, payload: bytes) -> None:
@@ -115,37 +112,20 @@ class TapMixin:
         addr = os.environ.get(TAP_ADDR_ENV)
         self._tap = StepPublisher(addr) if addr else None
         self._controls_applied = 0
+        self._in_flight = InFlightSteps()
 
     # --- hooks for the policy half (neutral here) ----------------------------
-    def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool) -> bool:
-        """One request's verdict this step; returns whether its drafter is idle."""
+    def _observe_request(self, req_id: str, num_drafted: int, accepted: int, finished: bool, across: bool) -> bool:
+        """One request's verdict this step (``across``: its drafts were made across a hole);
+        returns whether its drafter is idle."""
         return False
-
-    def _step_decision(self, scheduler_output) -> AuctionRow | None:
-        return None
-
-    def _caught_up(self, req_id: str) -> int:
-        """Tokens the draft model re-ran for the request in the step being published."""
-        return 0
-
-    def _drafted_across(self, req_id: str) -> bool:
-        """Whether the request's drafts verified in the step being published were made across a hole."""
-        return False
-
-    def _relaxed(self, req_id: str) -> list[RelaxedRow]:
-        """The request's drafts kept only by a lossy acceptance rule in the step being published."""
-        return []
-
-    def _rule_name(self, scheduler_output) -> str:
-        """The acceptance rule the step was verified under."""
-        return "lossless"
 
     def _forget_gone(self) -> None:
         pass
 
-    @property
-    def tap_enabled(self) -> bool:
-        return self._tap is not None
+    def step_context(self, scheduler_output) -> StepContext:
+        """The context of a step scheduled and not yet published (a fresh one if it was lost)."""
+        return self._in_flight.get(scheduler_output) or StepContext()
 
     def _note_policy_time(self, seconds: float) -> None:
         """Our policy's time counts as the tap's own, not vLLM's."""
@@ -156,15 +136,17 @@ class TapMixin:
     def schedule(self, *args, **kwargs):
         t0 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
-        if self._tap is not None:
-            self._tap.started[id(out)] = t0
-            self._tap.controls_at[id(out)] = self._controls_applied  # the policy half applied them before
+        # the policy half applied its control commands before
+        self._in_flight.add(out, StepContext(started=t0, controls=self._controls_applied))
         return out
 
     def update_from_output(self, scheduler_output, model_runner_output):
         tap = self._tap
         if tap is None:
-            return super().update_from_output(scheduler_output, model_runner_output)
+            try:
+                return super().update_from_output(scheduler_output, model_runner_output)
+            finally:
+                self._in_flight.pop(scheduler_output)
         t_pre = time.perf_counter()
         # vLLM truncates the sampled lists in place at a stop, so count first.
         sampled = model_runner_output.sampled_token_ids
@@ -172,10 +154,14 @@ class TapMixin:
         num_sampled = {rid: len(sampled[i]) for rid, i in index.items()} if sampled else {}
         skipped = unprocessed(scheduler_output, self.requests)
         pre_s = time.perf_counter() - t_pre
-        result = super().update_from_output(scheduler_output, model_runner_output)
+        try:
+            result = super().update_from_output(scheduler_output, model_runner_output)
+        finally:
+            context = self._in_flight.pop(scheduler_output)
+        context = context or StepContext(started=t_pre, controls=self._controls_applied)
         try:
             verified = getattr(model_runner_output, VERIFIED_ATTR, None)
-            self._publish(scheduler_output, num_sampled, t_pre, pre_s, result, skipped, verified)
+            self._publish(scheduler_output, context, num_sampled, pre_s, result, skipped, verified)
         except Exception:  # an observer must never stop the engine; the gap shows as lost steps
             tap.dropped += 1
             if tap.dropped == 1:  # say why once, in vLLM's log
@@ -189,7 +175,13 @@ class TapMixin:
 
     # --- the message ----------------------------------------------------------
     def _request_rows(
-        self, scheduler_output, num_sampled: dict[str, int], result, skipped: set[str], verified: dict | None
+        self,
+        scheduler_output,
+        context: StepContext,
+        num_sampled: dict[str, int],
+        result,
+        skipped: set[str],
+        verified: dict | None,
     ) -> list[TapRequestStep]:
         """One ``wire.TapRequestStep`` per request vLLM processed in the step."""
         # ids appended to each request's output this step, after stop checks
@@ -209,10 +201,11 @@ class TapMixin:
             # drafts were verified and sampled
             accepted = max(n_sampled - 1, 0) if (num_drafted and n_sampled) else 0
             ids, reason = emitted.get(req_id, ([], None))
-            relaxed = self._relaxed(req_id)
+            relaxed = context.relaxed.get(req_id, [])
+            across = bool(num_drafted) and req_id in context.holed
             # the estimators learn vLLM's own verdict, not the lossy rule's
             kept = lossless_accepted(accepted, [r.position for r in relaxed])
-            idle = self._observe_request(req_id, num_drafted, kept, reason is not None)
+            idle = self._observe_request(req_id, num_drafted, kept, reason is not None, across)
             request = self.requests.get(req_id)
             rows.append(
                 TapRequestStep(
@@ -224,23 +217,20 @@ class TapMixin:
                     num_prompt_tokens=request.num_prompt_tokens if request is not None else 0,
                     num_drafted=num_drafted,
                     drafter_idle=idle,
-                    caught_up=self._caught_up(req_id),
-                    drafted_across=bool(num_drafted) and self._drafted_across(req_id),
+                    caught_up=context.caught_up.get(req_id, 0),
+                    drafted_across=across,
                     relaxed=relaxed,
                 )
             )
         return rows
 
-    def _publish(self, scheduler_output, num_sampled, t_pre, pre_s, result, skipped, verified) -> None:
+    def _publish(self, scheduler_output, context: StepContext, num_sampled, pre_s, result, skipped, verified) -> None:
         tap = self._tap
         t_in = time.perf_counter()
-        start = tap.started.pop(id(scheduler_output), t_pre)
-        controls = tap.controls_at.pop(id(scheduler_output), self._controls_applied)
-        decision = self._step_decision(scheduler_output)
         num_scheduled = scheduler_output.num_scheduled_tokens
         if not num_scheduled:
             return  # an empty step: nothing ran
-        reqs = self._request_rows(scheduler_output, num_sampled, result, skipped, verified)
+        reqs = self._request_rows(scheduler_output, context, num_sampled, result, skipped, verified)
         if tap.seq % HOUSEKEEPING_STEPS == 0:  # requests aborted by their client never report a finish
             self._forget_gone()
         now = time.monotonic()
@@ -248,7 +238,7 @@ class TapMixin:
         step = TapStep(
             seq=tap.seq,
             t=now,
-            wall_s=t_pre - start + (t_in - t_pre - pre_s),  # vLLM's time, ours excluded
+            wall_s=t_in - context.started - pre_s,  # vLLM's time, ours excluded
             interval_s=now - tap.last_end,
             batch_size=len(num_scheduled),
             k=scheduler_output.num_spec_tokens_to_schedule,
@@ -256,9 +246,9 @@ class TapMixin:
             tap_s=tap.last_tap_s,
             dropped=tap.dropped,
             reqs=reqs,
-            controls=controls,
-            auction=decision,
-            rule=self._rule_name(scheduler_output),
+            controls=context.controls,
+            auction=context.decision,
+            rule=context.rule,
             skipped=sorted(skipped),
         )
         payload = encode_step(step)

@@ -30,8 +30,9 @@ from engine_adapter.acceptance_rule import lossless_accepted
 TAP_ADDR_ENV = "SPEC_EXPLORER_TAP_ADDR"
 # The control channel, adapter -> tap: msgpack dicts, e.g.
 #   {"table": [[start_bs, end_bs, K], ...]}   replace the batch-size -> K table live
-#   {"auction": {"cost": CostModel.to_dict(), "prior": p, "strength": m}}
-#                                             the slot auction (K = k_max, trimmed per request)
+#   {"auction": {"cost": CostModel.to_dict(), "prior": p, "strength": m, "allocation": a}}
+#                                             the slot auction (K = k_max, trimmed per request);
+#                                             allocation "equal": its slots shared alike
 #   {"catch_up": n}                           the idle drafter's catch-up budget, tokens per step
 #   {"acceptance": AcceptanceRule.to_dict()}  the acceptance rule, engine-wide, from the next step on
 CONTROL_ADDR_ENV = "SPEC_EXPLORER_CONTROL_ADDR"

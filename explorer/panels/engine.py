@@ -28,12 +28,13 @@ from engine_adapter.engine_config import EngineConfig, available_methods
 from engine_adapter.package_data import assets_dir
 from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
 from explorer.panels.presenter import build_presenter_box
+from explorer.views.ledger_view import speedup_banner_markdown
 from explorer.views.status import acceptance_banner_markdown, recording_banner_markdown, status_markdown
 
 METHOD_LABELS = MappingProxyType(
     {"off": "off (no speculation)", "ngram": "ngram (prompt lookup)", "draft": "draft model", "suffix": "suffix tree"}
 )
-MAX_K = 8  # the K slider's top (EngineConfig.validate allows more)
+MAX_K = 8  # the K slider's top (EngineConfig.checked allows more)
 TOP_LINES_PATH = "/explorer/top_lines"
 
 
@@ -85,7 +86,8 @@ class EnginePanel:
     def _banners(self) -> str:
         lossy = acceptance_banner_markdown(self.backend.status())
         recorded = recording_banner_markdown(self.ctx.recording() if self.ctx.recording else None)
-        return self.ctx.shown("\n\n".join(part for part in (lossy, recorded) if part))
+        measuring = speedup_banner_markdown(self.backend.speedup_view())
+        return self.ctx.shown("\n\n".join(part for part in (lossy, recorded, measuring) if part))
 
     def top_lines(self) -> list[str]:
         """[the status line, the banners], built once per tick for every page."""
@@ -104,10 +106,10 @@ class EnginePanel:
         if refusal := self.ctx.refusal(request):
             return refusal
         cfg = replace(self.config, method=method, k=int(k_value))
-        if cfg.k_max is not None:  # live policies stay on, with room for the chosen K
-            cfg.k_max = max(cfg.k_max, cfg.k)
+        if cfg.live_policies:  # they stay on, with room for the chosen K
+            cfg = replace(cfg, k_max=max(cfg.k_max, cfg.k))
         try:
-            cfg.validate()
+            cfg = cfg.checked()
             ticket = await self.backend.request_restart(cfg)
         except (ValueError, RuntimeError) as e:
             return f"✕ {self.ctx.shown(str(e))}"

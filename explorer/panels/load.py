@@ -54,6 +54,9 @@ def plot_data(figure: Any) -> PlotData:
     return PlotData(type="plotly", plot=figure.to_json())
 
 
+ALL_KINDS = "all"  # the mix radio's value for every task kind
+
+
 class LoadPanel:
     def __init__(self, ctx: PageContext) -> None:
         self.ctx = ctx
@@ -71,6 +74,15 @@ class LoadPanel:
                 label="Concurrent background requests (closed loop, preset prompts)",
             )
             self.readout = gr.Markdown("No background load.", elem_id="load-readout")
+            mix = self.backend.load_mix()
+            self.mix = gr.Radio(
+                [("every task kind", ALL_KINDS), *((f"{kind} only", kind) for kind in mix.available)],
+                value=ALL_KINDS if set(mix.chosen) == set(mix.available) else mix.chosen[0],
+                label="The load's prompts (engine-wide: the presenter's choice)",
+                elem_id="load-mix",
+                visible=bool(mix.available),
+            )
+            self.mix_said = gr.Markdown("", elem_id="load-mix-said")
 
     def build_chart(self) -> None:
         gr.Markdown(f"## Live engine (whole server, last {WINDOW_S / 60:g} minutes)")
@@ -79,6 +91,7 @@ class LoadPanel:
     def wire(self, page: gr.Blocks) -> None:
         # change (not release) so a typed number counts too; always_last coalesces a drag
         self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
+        self.mix.input(self.set_mix, self.mix, self.mix_said, api_name="set_load_mix", trigger_mode="always_last")
         # (key of what this page's chart shows (views.live_charts.engine_activity), when it was drawn)
         self.drawn = gr.State(None)
         self.tick_outputs = [self.live, self.readout, self.drawn]  # refresh's, on the page's chart timer
@@ -95,6 +108,17 @@ class LoadPanel:
             return note + self._readout(request)
         await self.backend.set_background(int(n), self.ctx.visitor(request))
         return self._readout(request)
+
+    async def set_mix(self, kind: str, request: gr.Request) -> str:
+        """Every task kind, or one kind only, for the whole load (a presenter's action)."""
+        if refusal := self.ctx.refusal(request):
+            return refusal
+        available = self.backend.load_mix().available
+        try:
+            mix = await self.backend.set_load_mix(available if kind == ALL_KINDS else [str(kind)])
+        except (ValueError, RuntimeError) as e:
+            return f"✕ {e}"
+        return f"✓ The load's next requests use {mix.describe()} (those running finish first)."
 
     def _readout(self, request: gr.Request) -> str:
         return self.ctx.shown(load_readout_markdown(self.backend, self.ctx.session(request)))

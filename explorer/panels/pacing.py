@@ -3,8 +3,10 @@
 Contract: ``async for batch in paced(source, min_interval_s)`` yields non-empty lists of the
 source's items, in order, none lost: the first item at once, then at most one batch per
 ``min_interval_s`` seconds while items keep coming, and whatever is pending as soon as the
-interval is up (a slow source is shown item by item, as it comes). The source is read by a
-task of its own and closed (``aclose``) when the consumer stops early (Stop, a closed page).
+interval is up (a slow source is shown item by item, as it comes). ``min_interval_s`` is a
+number, or a function read before each wait (an interval that grows with what the consumer
+sends). The source is read by a task of its own and closed (``aclose``) when the consumer stops
+early (Stop, a closed page).
 
 Why: the run panel re-sends the whole token view at each update; a tiny engine steps every
 10 ms, faster than Gradio and the browser draw, and the page fell seconds behind
@@ -16,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TypeVar
 
 T = TypeVar("T")
 _END = object()
 
 
-async def paced(source: AsyncIterator[T], min_interval_s: float) -> AsyncIterator[list[T]]:
+async def paced(source: AsyncIterator[T], min_interval_s: float | Callable[[], float]) -> AsyncIterator[list[T]]:
+    interval = min_interval_s if callable(min_interval_s) else lambda: min_interval_s
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump() -> None:
@@ -40,7 +43,7 @@ async def paced(source: AsyncIterator[T], min_interval_s: float) -> AsyncIterato
         pending: list[T] = []
         last = float("-inf")
         while True:
-            wait = None if not pending else max(0.0, last + min_interval_s - time.monotonic())
+            wait = None if not pending else max(0.0, last + interval() - time.monotonic())
             try:
                 item = await asyncio.wait_for(queue.get(), wait)
             except TimeoutError:
@@ -53,7 +56,7 @@ async def paced(source: AsyncIterator[T], min_interval_s: float) -> AsyncIterato
                         yield pending
                     raise item
                 pending.append(item)
-            if pending and time.monotonic() - last >= min_interval_s:
+            if pending and time.monotonic() - last >= interval():
                 yield pending
                 pending, last = [], time.monotonic()
         if pending:

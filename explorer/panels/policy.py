@@ -32,7 +32,7 @@ import plotly.graph_objects as go
 from gradio.components import Component
 
 from engine_adapter.records import EngineStep
-from engine_adapter.service.backend import PolicySpec
+from engine_adapter.service.backend import SLOT_POLICIES, PolicySpec
 from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
 from explorer.panels.load import plot_data
 from explorer.views.k_table import (
@@ -61,6 +61,7 @@ POLICY_LABELS = (
     ("K table (vLLM's num_speculative_tokens_per_batch_size)", "table"),
     ("auto table (derived from the measured cost and acceptance)", "auto"),
     ("slot auction (per request and draft position)", "auction"),
+    ("equal slots (the auction's slots, shared alike between requests)", "equal"),
 )
 DEFAULT_FIXED_K = 3
 RECENT_S = 5.0  # seconds of engine steps that make the operating point ("now")
@@ -249,9 +250,15 @@ class PolicyPanel:
         recent = self.backend.steps_since(now - RECENT_S)
         op = operating_point(recent)
         state = v.state
-        auction_on = state is not None and state.spec.kind == "auction"
+        auction_on = state is not None and state.spec.kind in SLOT_POLICIES
         table_md = (
-            table_in_force_markdown(state.table if state else None, op[0] if op else None, auction_on, v.k_max)
+            table_in_force_markdown(
+                state.table if state else None,
+                op[0] if op else None,
+                auction_on,
+                v.k_max,
+                equal=state is not None and state.spec.kind == "equal",
+            )
             if v.available
             else ""
         )

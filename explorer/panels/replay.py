@@ -1,9 +1,9 @@
 """What the page adds when it replays a recorded session instead of a live engine.
 
 Contract: ``build_replay_panel(backend, prompt)`` adds nothing on a live
-backend (``backend.replay_info`` is None); on a replay it adds, under Run,
+backend (``backend.recording`` is None); on a replay it adds, under Run,
 what Run does in a replay and a list of the recorded foreground requests
-(``backend.recorded_requests()``) whose choice fills the ``prompt`` box. The
+(``backend.recording.requests()``) whose choice fills the ``prompt`` box. The
 status line for a replay is ``explorer.views.status.replay_status_markdown``.
 """
 
@@ -33,9 +33,9 @@ def request_label(i: int, prompt: str, n_tokens: int) -> str:
 
 def build_replay_panel(backend: Backend, prompt: gr.Textbox) -> None:
     """Nothing on a live backend; in a replay, what Run does and the recorded requests."""
-    if backend.replay_info is None:
+    if backend.recording is None:
         return
-    requests = backend.recorded_requests()
+    requests = backend.recording.requests()
     with gr.Group(elem_id="replay-panel"):
         gr.Markdown(REPLAY_NOTE + ("" if requests else "\n\nThis recording holds no foreground request."))
         if requests:

@@ -9,7 +9,7 @@ last ``RequestResult``), ``step_times`` ((monotonic t, tokens emitted) per
 foreground step, for the live chart) and ``request_id`` (for the auction grid).
 ``wire()`` connects them. Run streams: the token view updates at every engine
 step of the request (``Backend.stream``); on a replay Run plays the recorded
-request for the prompt (``Backend.replay_prompt``). Stop cancels the run (the
+request for the prompt (``Recording.prompt_for``). Stop cancels the run (the
 stream is closed, vLLM aborts the request) and the page marks what streamed as
 stopped (``assets/stop_run.js``). Refusals and errors show in the token view,
 never as exceptions.
@@ -33,6 +33,7 @@ from gradio.components import Component
 from engine_adapter.package_data import assets_dir
 from engine_adapter.prompts import Preset
 from engine_adapter.records import RequestResult, Step
+from engine_adapter.service.backend import ReferenceTwin, SpeedSettings
 from engine_adapter.trace.format import request_line
 from explorer.components import TokenView
 from explorer.panels.context import PageContext
@@ -45,6 +46,10 @@ from explorer.views.token_view import token_view_value
 
 Updates = dict[Component, Any]
 MIN_UPDATE_S = 0.1  # the token view is redrawn at most this often (explorer/panels/pacing.py)
+# and the page is sent at most this many bytes of token view a second: every update re-sends the whole
+# view (about 300 bytes a token with its tooltip), so a long run is redrawn less often and the page's
+# main thread stays free for Stop on a busy machine (0.1 s up to 50 kB, 0.5 s at 250 kB)
+VIEW_BYTES_PER_S = 500_000
 SLIDER_MAX_TEMPERATURE = 1.5  # the page's slider; API callers may go up to input_checks.MAX_TEMPERATURE
 MAX_FOREGROUND_RUNS = 16  # visitors' runs streaming at once, however started (Run, Shift+Enter, the API)
 MAX_CHECKS = 2  # lossless checks running at once (each a request on the speculation-off engine)
@@ -115,11 +120,16 @@ class RunPanel:
         runs = dict(show_progress="hidden", concurrency_id="foreground-run", concurrency_limit=MAX_FOREGROUND_RUNS)
         run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", **runs)
         enter_event = self.prompt.submit(self.run, inputs, outputs, api_name=False, **runs)
-        # the cancelled run yields nothing more: once the cancel is done (the run's last messages came
-        # before it), the page marks the run stopped itself (assets/stop_run.js)
+        # the cancelled run yields nothing more, so the page marks what streamed as stopped itself
+        # (assets/stop_run.js): at the click, and again once the cancel is done, because Gradio starts
+        # the cancel without waiting for it and messages already on their way may still redraw the
+        # view; a cancelled event's .then runs after its cancel completes (after a normal end the
+        # view is no longer streaming and the script changes nothing)
         stop_js = (assets_dir() / "stop_run.js").read_text()
-        stopped = self.stop_btn.click(None, None, None, cancels=[run_event, enter_event])
-        stopped.then(None, [self.view, self.card], [self.view, self.card], js=stop_js)
+        marks = dict(fn=None, inputs=[self.view, self.card], outputs=[self.view, self.card], js=stop_js)
+        self.stop_btn.click(cancels=[run_event, enter_event], **marks)
+        run_event.then(**marks)
+        enter_event.then(**marks)
         self.check_btn.click(
             self.check,
             [self.last, self.temperature],
@@ -136,7 +146,9 @@ class RunPanel:
 
     async def run(self, text: str, temp: float, n_tokens: float, request: gr.Request) -> AsyncIterator[Updates]:
         # a replay plays the recorded request for this prompt, or the next one (live: the prompt itself)
-        text = self.backend.replay_prompt(text if isinstance(text, str) else "")
+        text = text if isinstance(text, str) else ""
+        if self.backend.recording is not None:
+            text = self.backend.recording.prompt_for(text)
         problem = check_run(text, temp, n_tokens) or self._not_ready()
         if problem:
             yield {self.view: token_view_value([], message=problem, level="warn")}
@@ -163,12 +175,17 @@ class RunPanel:
         steps: list[Step] = []
         times: list[tuple[float, int]] = []
         rid = uuid.uuid4().hex
+        sent = 0  # bytes of the token view's markup in the last update
+
+        def interval() -> float:
+            return max(MIN_UPDATE_S, sent / VIEW_BYTES_PER_S)
+
         # at once: the request is on its way; the last request's charts go (this one's come at its end)
         yield {self.view: token_view_value([], streaming=True, prompt=text), self.hist: None, self.pos: None}
         try:
             stream = self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid)
             # aclosing: Stop (Gradio closes this generator) closes the stream now, and vLLM aborts the request
-            async with contextlib.aclosing(paced(stream, MIN_UPDATE_S)) as batches:
+            async with contextlib.aclosing(paced(stream, interval)) as batches:
                 async for batch in batches:
                     new = [item for item in batch if isinstance(item, Step)]
                     steps += new
@@ -181,8 +198,10 @@ class RunPanel:
                         yield {c: v for c, v in final.items() if c not in (self.hist, self.pos)}
                         yield final
                     elif new:
+                        view = token_view_value(steps, streaming=True, prompt=text)
+                        sent = len(view["html"])
                         yield {
-                            self.view: token_view_value(steps, streaming=True, prompt=text),
+                            self.view: view,
                             self.card: card_markdown(None, steps),
                             self.step_times: times,
                             self.request_id: rid,
@@ -195,11 +214,14 @@ class RunPanel:
                 self.step_times: times,
             }
 
+    def _settings(self) -> SpeedSettings | None:
+        return self.ctx.ticks.get("speed_settings", self.backend.speed_settings)
+
     def _finished(self, result: RequestResult, text: str, times: list[tuple[float, int]]) -> Updates:
         footer = f"{len(result.token_ids)} tokens, {len(result.steps)} engine steps"
         return {
             self.view: token_view_value(result.steps, prompt=text, footer=footer),
-            self.card: card_markdown(result),
+            self.card: card_markdown(result, settings=self._settings()),
             self.hist: histogram_figure(result),
             self.pos: position_figure(result),
             self.last: result,
@@ -213,9 +235,16 @@ class RunPanel:
         if result is None:
             yield {self.verdict: "Run a prompt first; the check repeats it with speculation off."}
             return
+        reference = self.backend.reference
+        if reference is None:
+            yield {
+                self.verdict: "✕ This is a replay of a recorded session: there is no engine to run the "
+                "speculation-off twin on. The lossless check needs a live engine (python app.py)."
+            }
+            return
         # a second engine is the presenter's to start on a public page (anyone's on loopback)
         may_start = not self.ctx.exposure.public or self.ctx.refusal(request) is None
-        twin = self.backend.twin_status(may_start)
+        twin = reference.status(may_start)
         if twin.state != "ready" and not may_start:
             note = f" (last: {twin.note})" if twin.note else ""
             yield {
@@ -228,12 +257,14 @@ class RunPanel:
             yield {self.verdict: f"✕ {refusal}"}
             return
         try:
-            async for updates in self._check(result, temp, may_start):
+            async for updates in self._check(reference, result, temp, may_start):
                 yield updates
         finally:
             self.ctx.runs.give_back(visitor)
 
-    async def _check(self, result: RequestResult, temp: float, may_start: bool) -> AsyncIterator[Updates]:
+    async def _check(
+        self, reference: ReferenceTwin, result: RequestResult, temp: float, may_start: bool
+    ) -> AsyncIterator[Updates]:
         yield {
             self.verdict: "Running the same prompt with speculation off (the first check starts a second "
             "engine, about half a minute)…",
@@ -242,12 +273,8 @@ class RunPanel:
         }
         plain = None
         try:
-            async for item in self.backend.stream(
-                result.prompt,
-                max_tokens=len(result.token_ids),
-                temperature=float(temp),
-                reference=True,
-                may_start_reference=may_start,
+            async for item in reference.stream(
+                result.prompt, max_tokens=len(result.token_ids), temperature=float(temp), may_start=may_start
             ):
                 if isinstance(item, RequestResult):
                     plain = item
@@ -256,7 +283,7 @@ class RunPanel:
             return
         verdict = compare(result, plain, float(temp))
         yield {
-            self.verdict: verdict_markdown(verdict, result, plain),
+            self.verdict: verdict_markdown(verdict, result, plain, self._settings()),
             self.spec_text: result.text,
             self.plain_text: plain.text,
         }

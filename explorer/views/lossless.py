@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from engine_adapter.provenance import text_agreement
 from engine_adapter.records import RequestResult
+from engine_adapter.service.backend import SpeedSettings
 
 
 @dataclass(frozen=True)
@@ -78,11 +79,15 @@ def _lossy_message(spec: RequestResult, first: int | None, first_relaxed: int, a
     return head + f"The texts part {where}; {agree:.0%} of the tokens agree once the texts are aligned."
 
 
-def verdict_markdown(verdict: Verdict, spec: RequestResult, plain: RequestResult) -> str:
-    """The check's answer in one line: the verdict, then both speeds and their ratio (tokens/s)."""
+def verdict_markdown(
+    verdict: Verdict, spec: RequestResult, plain: RequestResult, settings: SpeedSettings | None = None
+) -> str:
+    """The check's answer in one line: the verdict, then both speeds and their ratio (tokens/s),
+    with what they depend on (``settings``: the speculative run's; the twin runs no load)."""
+    where = f" (on {settings.line()}; the speculation-off twin runs alone, without the load)" if settings else ""
     speed = (
         f" Speed: {spec.tokens_per_second:.2f} tokens/s with speculation, "
-        f"{plain.tokens_per_second:.2f} without: **{verdict.speedup:.2f}x**."
+        f"{plain.tokens_per_second:.2f} without: **{verdict.speedup:.2f}x**{where}."
         if verdict.speedup
         else ""
     )

@@ -279,8 +279,17 @@ def auction_figure(steps: Sequence[EngineStep], foreground: str | None, rows: in
     return fig
 
 
-def table_in_force_markdown(table: KTable | None, batch_size: float | None, auction: bool, k_max: int) -> str:
-    """vLLM's rows with the one in force at the current batch size marked."""
+def table_in_force_markdown(
+    table: KTable | None, batch_size: float | None, auction: bool, k_max: int, equal: bool = False
+) -> str:
+    """vLLM's rows with the one in force at the current batch size marked (``auction``: the slot
+    auction's words instead; ``equal``: its slots shared alike)."""
+    if auction and equal:
+        return (
+            f"**Equal slots:** each step the drafter proposes as many positions (up to {k_max}) as pay "
+            "for their own cost, the auction counts how many slots pay for themselves, and those slots are "
+            "shared alike between the drafting requests, whatever their predictability (grid below)."
+        )
     if auction:
         return (
             f"**Slot auction:** each step the drafter proposes as many positions (up to {k_max}) as pay "

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from engine_adapter.acceptance import alpha_from_histogram, per_position_acceptance
 from engine_adapter.provenance import drafted_across_hole
 from engine_adapter.records import RequestResult, Step
+from engine_adapter.service.backend import SpeedSettings
 
 CARD_CHART_HEIGHT = 220  # pixels
 
@@ -26,7 +27,10 @@ def _layout() -> dict[str, object]:
     return dict(height=CARD_CHART_HEIGHT, margin=dict(l=40, r=10, t=36, b=36), template="plotly_white")
 
 
-def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ()) -> str:
+def card_markdown(
+    result: RequestResult | None, live_steps: Sequence[Step] = (), settings: SpeedSettings | None = None
+) -> str:
+    """The request's numbers; ``settings``: what its speed depends on, said under the speed."""
     if result is None:
         n = sum(len(s.emitted) for s in live_steps)
         return f"**Generating…** {n} tokens so far." if live_steps else "Run a prompt to see its numbers."
@@ -36,6 +40,8 @@ def card_markdown(result: RequestResult | None, live_steps: Sequence[Step] = ())
         f"**{result.tokens_per_second:.2f} tokens/s** for this request "
         f"(finish: {result.finish_reason}; provenance: {result.provenance}).",
     ]
+    if settings is not None:
+        lines.append(f"*Measured on* {settings.line()}.")
     if m is None:
         lines.append("Speculation is off: every token was computed by the target, one per step.")
         return "\n\n".join(lines)

@@ -3,9 +3,9 @@
 Contract: Markdown text from a ``Backend`` (engine_adapter.service.backend) or
 its records, nothing else:
 - ``status_markdown(backend, public)``: the line under the title (state, config, start
-  progress, a fault being recovered from, a restart someone asked for; a replay's position
-  instead); ``public``: for strangers, with no engine address or server path in it
-  (``for_visitors``);
+  progress, how long the start took and measured this machine, a fault being recovered from, a
+  restart someone asked for; a replay's position instead); ``public``: for strangers, with no
+  engine address or server path in it (``for_visitors``);
 - ``replay_status_markdown(info)``: that line for a ``ReplayInfo`` (file,
   recorded config, position and length in m:ss, speed);
 - ``policy_status_markdown(view)``: the K policy in force, the cost model,
@@ -27,7 +27,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine_adapter.service.backend import Backend, RecordingStatus, ReplayInfo, ServiceStatus
+from engine_adapter.service.backend import Backend, RecordingStatus, ReplayInfo, ServiceStatus, StartTimes
 
 if TYPE_CHECKING:
     from engine_adapter.policy.live_state import PolicyView
@@ -49,8 +49,8 @@ def status_markdown(backend: Backend, public: bool = False) -> str:
 
 
 def _status_line(backend: Backend, public: bool) -> str:
-    if (info := backend.replay_info) is not None:  # a recorded session, no engine
-        return replay_status_markdown(info)
+    if backend.recording is not None:  # a recorded session, no engine
+        return replay_status_markdown(backend.recording.info())
     st = backend.status()
     what = _config_text(st, backend.policy_view() if st.state == "ready" else None)
     if st.acceptance.lossy:
@@ -62,6 +62,7 @@ def _status_line(backend: Backend, public: bool) -> str:
         where = "" if public else f" at `{st.url}`"
         return (
             f"● **Engine ready** ({what}){where}."
+            + _started_text(st.started)
             + (f" Restarted by itself after: {st.fault}." if st.fault else "")
             + pending
         )
@@ -95,6 +96,19 @@ def _config_text(st: ServiceStatus, policy: PolicyView | None) -> str:
     if policy is not None and policy.available and policy.state is not None:
         return f"method **{cfg.method}**, K policy **{policy.state.spec.describe()}** (K up to {policy.k_max})"
     return f"method **{cfg.method}**, K={cfg.k}" + (f", K table {cfg.k_table}" if cfg.k_table else "")
+
+
+def _started_text(started: StartTimes | None) -> str:
+    """How long the start took, and its measurement of this machine (the lesson's first chapter,
+    named after it is over: on small models it lasts about as long as a page's status poll)."""
+    if started is None:
+        return ""
+    if started.measuring_s is None:
+        return f" Started in {started.total_s:.0f} s."
+    return (
+        f" Started in {started.total_s:.0f} s, {started.measuring_s:.1f} s of it spent measuring this machine's "
+        "step times (the step-time picture below)."
+    )
 
 
 def _starting_markdown(st: ServiceStatus, what: str) -> str:
@@ -220,9 +234,11 @@ def load_readout_markdown(backend: Backend, session: str) -> str:
     in_flight, done, failed = (st.in_flight, st.completed, st.failed) if st else (0, 0, 0)
     err = f" Last error: {st.last_error}" if st and st.last_error else ""
     stopped = f" The load stopped: {st.stopped}." if st and st.stopped else ""
+    mix = backend.load_mix()
+    kinds = f" Its prompts: {mix.describe()}." if mix.available else ""
     return (
         f"{mine}{shared}. All sessions: **{in_flight}** in flight, {done} done, "
-        f"{failed} failed; **{backend.background_tokens_per_second():.1f} tokens/s**. "
+        f"{failed} failed; **{backend.background_tokens_per_second():.1f} tokens/s**.{kinds} "
         f"{engine}{why}{stopped}{err}"
     )
 

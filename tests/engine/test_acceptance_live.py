@@ -18,8 +18,7 @@ LOOSE = AcceptanceRule("relaxed", top_k=20, delta=0.5)  # on the tiny perturbed 
 
 @pytest_asyncio.fixture(scope="module")
 async def live_engine(tiny):
-    cfg = tiny_config(tiny, "draft", "perturbed", k=3)
-    cfg.k_max = 3  # a table: the control channel, which carries the rule
+    cfg = tiny_config(tiny, "draft", "perturbed", k=3, k_max=3)  # a table: the control channel, which carries the rule
     engine = await LiveEngine.launch(cfg, resolve=Path)
     yield engine
     await engine.close()

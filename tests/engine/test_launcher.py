@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,7 @@ ROOT = PROJECT_ROOT
 def test_bad_model_path_is_explained_and_leaves_no_process(tiny, tmp_path, make_target, message):
     target = make_target(tmp_path)
     cfg = tiny_config(tiny, "draft", "same")
-    cfg.target = target
+    cfg = replace(cfg, target=target)
     proc = EngineProcess(cfg)
     with pytest.raises(EngineStartError, match=message):
         proc.start(timeout_s=120)
@@ -57,7 +58,7 @@ def test_broken_model_dir_fails_in_vllm_with_its_log(tiny, tmp_path):
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Nope"]}))
     cfg = tiny_config(tiny, "off")
-    cfg.target = str(bad)
+    cfg = replace(cfg, target=str(bad))
     proc = EngineProcess(cfg)
     with pytest.raises(EngineStartError) as err:
         proc.start(timeout_s=180)
@@ -116,7 +117,7 @@ def test_engine_dies_with_a_killed_app(tiny, tmp_path):
 
 async def test_attach_mode_against_a_separately_started_server(tiny, engines):
     cfg = tiny_config(tiny, "draft", "perturbed")
-    cfg.tap = False  # a plain vLLM server: what a GPU user runs
+    cfg = replace(cfg, tap=False)  # a plain vLLM server: what a GPU user runs
     server = EngineProcess(cfg, resolve=Path)
     server.start(timeout_s=300)
     try:
@@ -146,7 +147,7 @@ async def test_attach_mode_against_a_separately_started_server(tiny, engines):
 
 def test_a_kv_cache_larger_than_memory_is_explained(tiny, monkeypatch):
     cfg = tiny_config(tiny, "off")
-    cfg.kv_cache_gib = 4096  # far more than this machine has
+    cfg = replace(cfg, kv_cache_gib=4096)  # far more than this machine has
     # our pre-check (engine_adapter/resources.py) refuses before vLLM is started ...
     proc = EngineProcess(cfg, resolve=Path)
     with pytest.raises(EngineStartError, match="not enough free memory for the engine: it needs about 4097"):

@@ -20,8 +20,7 @@ from tests.support.fixtures import tiny_config
 
 @pytest_asyncio.fixture(scope="module")
 async def live_engine(tiny):
-    cfg = tiny_config(tiny, "draft", "same", k=3)
-    cfg.k_max = 4
+    cfg = tiny_config(tiny, "draft", "same", k=3, k_max=4)
     engine = await LiveEngine.launch(cfg, resolve=Path)
     yield engine
     await engine.close()
@@ -166,6 +165,37 @@ async def test_the_auction_trims_drafts_before_verification(live_engine, cost, e
             assert s.auction_slots == 0 and s.num_drafted == 0, seen
 
 
+async def test_equal_slots_share_the_auctions_budget_alike(live_engine):
+    """Under ``equal``, each step admits the auction's number of slots, shared so that no two
+    bidders differ by more than one (unless one drafted fewer), and each request verifies no
+    more than it was admitted (its own row in the step)."""
+    load = BackgroundLoad(live_engine.client, PROMPTS, max_tokens=200, max_seconds=120)
+    load.set_concurrency(3)
+    try:
+        # free below 5 tokens, then 0.02 s a token: a step of 3 requests has 2 free slots
+        await live_engine.client.set_auction(CostModel(0.05, 0.02, 5), allocation="equal")
+        n = live_engine.client.controls_sent
+        q = live_engine.client.tap.watch()
+        steps = []
+        async with asyncio.timeout(60):
+            while len([s for s in auction_steps([s for s in steps if s.controls >= n]) if s.bids]) < 10:
+                steps.append(await q.get())
+        live_engine.client.tap.unwatch(q)
+    finally:
+        await load.stop()
+    decided = [s for s in auction_steps([s for s in steps if s.controls >= n]) if s.bids][2:]
+    seen = [(s.seq, [(b.admitted, len(b.scores)) for b in s.bids]) for s in decided]
+    assert any(0 < s.auction_slots < sum(len(b.scores) for b in s.bids) for s in decided), seen  # some trimmed
+    for s in decided:
+        assert s.auction_slots == sum(b.admitted for b in s.bids), seen
+        level = max(b.admitted for b in s.bids)
+        assert all(b.admitted >= min(level - 1, len(b.scores)) for b in s.bids), seen
+        verified = {r.request_id: r.num_drafted for r in s.requests}
+        assert all(verified.get(b.request_id, 0) <= b.admitted for b in s.bids), (seen, verified)
+    with pytest.raises(ValueError, match="allocation"):
+        await live_engine.client.set_auction(CostModel(0.05, 0.02, 5), allocation="richest")
+
+
 async def test_the_auction_is_lossless(live_engine, engines):
     plain = await engines.get("off")
     reference = await run(plain, PROMPTS[2], max_tokens=48)
@@ -177,8 +207,7 @@ async def test_the_auction_is_lossless(live_engine, engines):
 
 @pytest_asyncio.fixture(scope="module")
 async def live_ngram(tiny):
-    cfg = tiny_config(tiny, "ngram", k=3)
-    cfg.k_max = 4
+    cfg = tiny_config(tiny, "ngram", k=3, k_max=4)
     engine = await LiveEngine.launch(cfg, resolve=Path)
     yield engine
     await engine.close()

@@ -6,7 +6,9 @@ Contract: ``start_app(args, log)`` runs ``python app.py --port <free> ARGS`` on
 answers and, with ``ready``, until ``ready(/status text)`` holds, and returns a
 ``gradio_client.Client``; ``app.stop()`` sends Ctrl-C (SIGINT) and returns
 whether the app exited by itself within the timeout (else its whole session
-is SIGKILLed).
+is SIGKILLed). ``running_app(args, log, ready, ...)`` is the three in a ``with``: it
+yields ``(app, client)`` once ready, fails the test (``pytest.fail``) when the app never
+gets ready or does not exit within ``stop_s`` of Ctrl-C, and stops it either way.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import pytest
 from gradio_client import Client
 
 from engine_adapter.engine.launcher import free_port
@@ -131,3 +135,26 @@ def wait_ready(
             pass
         time.sleep(poll_s)
     raise AppNotReady(f"the app was not ready within {timeout_s:.0f} s:\n{app.log_tail()}")
+
+
+@contextmanager
+def running_app(
+    args: list[str],
+    log: Path,
+    ready: Callable[[str], bool] | None = engine_ready,
+    *,
+    timeout_s: float = 300.0,
+    env: dict[str, str] | None = None,
+    stop_s: float = 60.0,
+) -> Iterator[tuple[AppProcess, Client]]:
+    """``start_app``, ``wait_ready`` and ``stop`` around a test's use of the app."""
+    app = start_app(args, log, env)
+    try:
+        try:
+            client = wait_ready(app, ready, timeout_s=timeout_s, poll_s=0.5)
+        except AppNotReady as e:
+            pytest.fail(f"the app never got ready: {e}")
+        yield app, client
+    finally:
+        if not app.stop(timeout_s=stop_s):
+            pytest.fail(f"the app did not exit within {stop_s:.0f} s of Ctrl-C (SIGINT)")

@@ -241,17 +241,12 @@ def _running_samples(page, seconds: float) -> list[float]:
     return out
 
 
-@pytest.mark.xfail(
-    reason="passed on the developers' machine but failed in two fresh-clone CI runs (docs/benchmarks.md, "
-    "the suite from a fresh clone; issue 29 open)",
-    strict=False,
-)
 def test_enter_then_stop_ends_the_run_in_vllm(page):
     """A run started from the prompt box (its submit event: Shift+Enter in a multi-line box; not the
     Run button) is stopped by Stop, in vLLM too: vLLM runs it no more. A background load of LOAD
     keeps the engine busy, so the run (1000 tokens) lasts several seconds on any machine: vLLM runs
-    LOAD + 1 requests while it streams, at most LOAD after Stop."""
-    load = 4
+    LOAD + 1 requests while it streams (tokens on the page say it runs), at most LOAD after Stop."""
+    load = 8
     number = page.locator("#load input[type=number]")
     number.fill(str(load))
     number.press("Enter")
@@ -264,11 +259,9 @@ def test_enter_then_stop_ends_the_run_in_vllm(page):
     prompt = page.locator("#prompt textarea")
     prompt.fill("Write a very long essay about the sea.")  # runs to its 1000 tokens on the tiny pair
     prompt.press("Shift+Enter")
-    deadline = time.monotonic() + 30
-    while _engine_counts(page)[1] < load + 1:  # the run is in vLLM beside the load
-        assert time.monotonic() < deadline, "the prompt box's submit started no request in vLLM"
-        time.sleep(0.02)
-    page.wait_for_function("() => document.querySelectorAll('#token-view .tv-step').length >= 3", timeout=30_000)
+    # its first engine step on the page: vLLM runs it (the prompt box's submit started it); Stop at
+    # once, since the page lags the engine when the machine is busy and the run must still be going
+    page.wait_for_function("() => document.querySelectorAll('#token-view .tv-step').length >= 1", timeout=30_000)
     page.locator("#stop").click()
     time.sleep(2.0)
     after = _running_samples(page, 3.0)
@@ -306,3 +299,9 @@ def test_changing_the_method_restarts_the_engine_visibly(page):
         "() => (document.querySelector('#token-view .tv-prompt') || {}).innerText?.includes('ab ab ab')", timeout=60_000
     )
     page.wait_for_selector("#token-view .tv-footer", timeout=60_000)
+    # the shared app goes back to its defaults for the modules after this one (tests/support/fixtures.py)
+    page.get_by_label("draft model").check()
+    page.locator("#apply").click()  # restarts at most every 30 s: it may wait for that
+    page.wait_for_selector("#engine-status:has-text('Engine starting')", timeout=60_000)
+    page.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=180_000)
+    assert "method draft" in page.locator("#engine-status").inner_text()

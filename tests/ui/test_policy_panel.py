@@ -95,6 +95,7 @@ def test_the_row_in_force_is_marked(batch, row, note):
 
 def test_auction_replaces_the_table_view():
     assert "Slot auction" in table_in_force_markdown(None, 3, auction=True, k_max=5)
+    assert "shared alike" in table_in_force_markdown(None, 3, auction=True, k_max=5, equal=True)
 
 
 def step(seq, b, k, n, s, bids=()):

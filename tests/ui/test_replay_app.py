@@ -17,7 +17,7 @@ from engine_adapter.package_data import PROJECT_ROOT, data_path
 from engine_adapter.trace.format import (
     read_session,
 )
-from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
+from tests.support.app_process import running_app, tiny_app_args
 from tests.support.token_view_markup import view_steps
 from tests.support.trace_samples import CHART_COLUMNS
 
@@ -40,18 +40,10 @@ def cmdline(pid: int) -> str:
 
 @pytest.fixture(scope="module")
 def replay_app(tmp_path_factory):
-    app = start_app(
-        ["--replay", "traces/low_load.jsonl", "--replay-speed", "4"], tmp_path_factory.mktemp("replay-app") / "app.log"
-    )
-    try:
-        try:
-            wait_ready(app, None, timeout_s=120, poll_s=0.5)
-        except AppNotReady as e:
-            pytest.fail(f"the replay app never answered: {e}")
+    args = ["--replay", "traces/low_load.jsonl", "--replay-speed", "4"]
+    log = tmp_path_factory.mktemp("replay-app") / "app.log"
+    with running_app(args, log, None, timeout_s=120, stop_s=30) as (app, _):
         yield app.url, app.proc
-    finally:
-        if not app.stop(timeout_s=30):
-            pytest.fail("the replay app did not exit within 30 s of Ctrl-C")
 
 
 def test_replay_app_needs_no_engine(replay_app):
@@ -122,25 +114,15 @@ def test_replay_app_charts_move_and_export_csv(replay_app):
 def test_app_records_a_live_session_that_replays(tiny, tmp_path):
     """app.py --record on a tiny engine: the trace holds the run, the steps, the load, and replays."""
     out = tmp_path / "session.jsonl"
-    app = start_app(
-        # fixed K=3: the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
-        tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed", "--record", str(out)),
-        tmp_path / "app.log",
-    )
-    try:
-        try:
-            client = wait_ready(app, engine_ready, timeout_s=300)
-        except AppNotReady as e:
-            pytest.fail(f"the app's engine never became ready: {e}")
+    # fixed K=3: the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
+    args = tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed", "--record", str(out))
+    with running_app(args, tmp_path / "app.log") as (_, client):
         *_, live_line = client.predict("def add(a, b):", 0.0, 24, api_name="/run")
         live_line = json.loads(live_line)
         client.predict(2, api_name="/set_load")
         time.sleep(3)
         client.predict(0, api_name="/set_load")
         time.sleep(1.5)
-    finally:
-        if not app.stop(timeout_s=60):
-            pytest.fail("the app did not exit within 60 s of Ctrl-C")
     trace = read_session(out)
     assert trace.header["session"] and trace.header["method"] == "draft" and trace.header["k"] == 3
     assert trace.summary is not None and trace.summary["num_requests"] == 1

@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 
 from engine_adapter.records import RequestResult, Step, Token
+from engine_adapter.service.backend import SpeedSettings
+from explorer.views.lossless import compare, verdict_markdown
 from explorer.views.request_card import card_markdown, histogram_figure, position_figure
 from explorer.views.token_view import token_view_value
 from tests.support.token_view_markup import view_steps
@@ -198,3 +200,14 @@ def test_an_empty_draft_chart_says_why(metrics, hist_says, pos_says):
             assert notes == [] and len(fig.data) == 1  # the bars
         else:
             assert len(notes) == 1 and says in notes[0] and len(fig.data) == 0
+
+
+def test_the_cards_speed_comes_with_its_settings_line():
+    settings = SpeedSettings("a CPU, 2 cores", "bfloat16", "t / d", "draft", "auto table", 4, "today")
+    result = _result([_step(0, [5], [], 0, False), _step(1, [6, 7], [6], 1, False)])
+    text = card_markdown(result, settings=settings)
+    assert "*Measured on* a CPU, 2 cores, bfloat16; t / d; method draft, policy auto table; 4 background" in text
+    assert "Measured on" not in card_markdown(result)
+    plain = replace(result, spec_decode_metrics=None, t_end=2.0)
+    verdict = verdict_markdown(compare(result, plain, 0.0), result, plain, settings)
+    assert "(on a CPU, 2 cores" in verdict and "the speculation-off twin runs alone" in verdict, verdict

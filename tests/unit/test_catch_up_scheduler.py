@@ -42,7 +42,18 @@ class Request:
 def step_output(k: int, segments: dict[str, tuple[int, int]], new: frozenset[str] = frozenset()) -> SchedulerOutput:
     """One step: ``segments[rid] = (first position, tokens scheduled)``; ``new`` are first scheduled."""
     new_reqs = [
-        NewRequestData(rid, [0] * n, [], None, None, ([],), s0, None) for rid, (s0, n) in segments.items() if rid in new
+        NewRequestData(
+            req_id=rid,
+            prompt_token_ids=[0] * n,
+            mm_features=[],
+            sampling_params=None,
+            pooling_params=None,
+            block_ids=([],),
+            num_computed_tokens=s0,
+            lora_request=None,
+        )
+        for rid, (s0, n) in segments.items()
+        if rid in new
     ]
     cached = [(rid, s0) for rid, (s0, _n) in segments.items() if rid not in new]
     return SchedulerOutput(
@@ -88,8 +99,9 @@ class ScriptedScheduler:
         return self.script.pop(0)
 
     def update_from_output(self, scheduler_output, model_runner_output) -> dict:
-        self.caught_up_seen.append({r: self._caught_up(r) for r in scheduler_output.num_scheduled_tokens})
-        self.across_seen.append({r for r in scheduler_output.num_scheduled_tokens if self._drafted_across(r)})
+        context = self.step_context(scheduler_output)
+        self.caught_up_seen.append({r: context.caught_up.get(r, 0) for r in scheduler_output.num_scheduled_tokens})
+        self.across_seen.append({r for r in scheduler_output.num_scheduled_tokens if r in context.holed})
         return {}
 
     def shutdown(self) -> None:

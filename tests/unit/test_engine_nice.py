@@ -17,10 +17,10 @@ from engine_adapter.engine_config import EngineConfig
 def test_nice_is_a_lower_priority_or_none(nice, ok):
     config = EngineConfig(method="off", nice=nice)
     if ok:
-        config.validate()
+        config.checked()
     else:
         with pytest.raises(ValueError, match="nice must be between 0"):
-            config.validate()
+            config.checked()
 
 
 def test_every_thread_of_the_processes_is_lowered():

@@ -43,7 +43,10 @@ def draft_model(tiny):
             for n in names
         ]
         spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_SIZE, dtype=torch.float32)
-        CPUAttentionMetadataBuilder(spec, names, config, torch.device("cpu"))  # sets each layer's kernel ISA
+        # sets each layer's kernel ISA
+        CPUAttentionMetadataBuilder(
+            kv_cache_spec=spec, layer_names=names, vllm_config=config, device=torch.device("cpu")
+        )
     return SimpleNamespace(model=torch.nn.ModuleList(layers))
 
 

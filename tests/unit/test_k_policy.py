@@ -13,6 +13,7 @@ from engine_adapter.policy.k_policy import (
     auction,
     best_ceiling,
     derive_auto_table,
+    equal_slots,
     expected_tokens,
     idle_drafter_k,
     non_increasing_ks,
@@ -404,3 +405,19 @@ def test_idle_drafter_k(k_policy, can_draft, fresh, k_at_recent_peak, expected):
 )
 def test_an_unrefreshed_memory_fades_toward_the_profile(memory, target, refreshed, share, expected):
     assert fade_toward(memory, target, refreshed, share) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "lengths, total, expected",
+    [
+        ({"a": 3, "b": 3, "c": 3}, 6, {"a": 2, "b": 2, "c": 2}),  # the same prefix for each
+        ({"a": 3, "b": 3, "c": 3}, 7, {"a": 3, "b": 2, "c": 2}),  # one left over: the first gets it
+        ({"a": 1, "b": 5, "c": 5}, 9, {"a": 1, "b": 4, "c": 4}),  # a short draft's share goes to the others
+        ({"a": 2, "b": 0}, 5, {"a": 2, "b": 0}),  # never more than drafted
+        ({"a": 3, "b": 3}, 0, {"a": 0, "b": 0}),
+    ],
+)
+def test_equal_slots_share_the_same_budget_alike(lengths: dict, total: int, expected: dict) -> None:
+    got = equal_slots(lengths, total)
+    assert got == expected
+    assert sum(got.values()) == min(total, sum(lengths.values()))

@@ -23,6 +23,7 @@ VOCABULARY = {
     "engine_adapter.provenance",
     "engine_adapter.acceptance",
     "engine_adapter.acceptance_rule",
+    "engine_adapter.ledger",
     "engine_adapter.prompts",
     "engine_adapter.package_data",
     "engine_adapter.torch_extras",

@@ -118,7 +118,8 @@ def test_vllms_own_allocator_gets_one_mapped_buffer():
         layer_stride=spec.page_size_bytes * blocks,
         block_stride=spec.page_size_bytes,
     )
-    config = KVCacheConfig(blocks, [tensor], [KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec)])
+    groups = [KVCacheGroupSpec(layer_names=layers, kv_cache_spec=spec)]
+    config = KVCacheConfig(num_blocks=blocks, kv_cache_tensors=[tensor], kv_cache_groups=groups)
     with MappedZeros(backing_size(config)) as mode:
         caches = allocate_kv_cache(config, torch.device("cpu"), KVCacheLayout.LBHNC, None)
     assert mode.mapped == 1

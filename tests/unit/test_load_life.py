@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_adapter.records import RequestResult
+from engine_adapter.prompts import Preset
+from engine_adapter.records import RequestResult, load_request_kind
 from engine_adapter.service.load import BackgroundLoad
 
 
@@ -17,9 +18,11 @@ class InstantClient:
 
     def __init__(self) -> None:
         self.requests = 0
+        self.last_request_id: str | None = None
 
-    async def generate(self, prompt: str, *, max_tokens: int, temperature: float):
+    async def generate(self, prompt: str, *, max_tokens: int, temperature: float, request_id: str | None = None):
         self.requests += 1
+        self.last_request_id = request_id
         await asyncio.sleep(0)
         yield RequestResult(
             request_id=str(self.requests),
@@ -101,3 +104,20 @@ def test_a_bounded_load_stops_by_itself_and_says_why():
 
     first, in_flight, stopped = asyncio.run(run())
     assert first == "its time limit ran out" and in_flight == 0 and stopped == first
+
+
+def test_each_load_request_names_its_prompts_task_kind():
+    async def run() -> list[str | None]:
+        client = InstantClient()
+        load = BackgroundLoad(client, [Preset("code", "t", "def f():"), Preset("story", "t", "Once")])
+        seen: list[str | None] = []
+        load.set_concurrency(1)
+        for _ in range(20):
+            await asyncio.sleep(0)
+            if client.last_request_id not in seen:
+                seen.append(client.last_request_id)
+        await load.stop()
+        return seen
+
+    kinds = {load_request_kind(rid) for rid in asyncio.run(run()) if rid is not None}
+    assert kinds == {"code", "story"}

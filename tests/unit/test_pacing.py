@@ -73,3 +73,18 @@ def test_stopping_early_closes_the_source():
 
     asyncio.run(run())
     assert closed == [True]
+
+
+def test_an_interval_that_grows_spaces_the_batches_out():
+    """A function interval is read before each wait: as it grows, fewer batches carry more items."""
+
+    async def run():
+        sizes: list[int] = []
+        async for batch in paced(_source([0.002] * 100), lambda: 0.01 * (1 + len(sizes))):
+            sizes.append(len(batch))
+        return sizes
+
+    sizes = asyncio.run(run())
+    assert sum(sizes) == 100
+    assert max(sizes[2:]) > sizes[1], sizes  # later batches wait longer, so they carry more
+    assert len(sizes) < 20, sizes  # a fixed 10 ms interval would give about 20

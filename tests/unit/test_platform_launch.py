@@ -254,7 +254,7 @@ def test_the_chunked_prefill_budget(config, platform, tokens):
 )
 def test_size_settings_are_validated_in_words(changes, message):
     with pytest.raises(ValueError, match=message):
-        EngineConfig(**({"method": "draft", "k": 3, "k_max": 5} | changes)).validate()
+        EngineConfig(**({"method": "draft", "k": 3, "k_max": 5} | changes)).checked()
 
 
 # --- the engine's environment --------------------------------------------------------------------

@@ -5,39 +5,9 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter.engine.start_log import StartProgress
-from engine_adapter.engine_config import EngineConfig
-from engine_adapter.service.backend import ServiceStatus
-from explorer.views.status import status_markdown
+from engine_adapter.service.backend import StartTimes
 from scripts.space_start import phase_durations, status_kind
-
-
-class OneStatus:
-    """The part of a Backend that ``status_markdown`` reads, for a live engine."""
-
-    replay_info = None
-
-    def __init__(self, status: ServiceStatus) -> None:
-        self._status = status
-
-    def status(self) -> ServiceStatus:
-        return self._status
-
-    def policy_view(self) -> None:
-        return None
-
-
-def line(state: str, progress: StartProgress | None = None, error: str | None = None, fault: str | None = None) -> str:
-    st = ServiceStatus(
-        state=state,
-        progress=progress,
-        error=error,
-        config=EngineConfig(),
-        url="http://127.0.0.1:1",
-        attached=False,
-        generation=1,
-        fault=fault,
-    )
-    return status_markdown(OneStatus(st))
+from tests.support.status_lines import line
 
 
 @pytest.mark.parametrize(
@@ -52,6 +22,7 @@ def line(state: str, progress: StartProgress | None = None, error: str | None = 
         (line("starting", StartProgress("ready", 1.0, "server answering at http://x; checking the tap")), "vllm"),
         (line("starting", StartProgress("measure", 0.4, "measuring this machine: batch 4, K=3")), "measuring"),
         (line("ready"), "ready"),
+        (line("ready", started=StartTimes(26.0, 1.8)), "ready"),
         (line("failed", error="could not prepare the models: converting packaged:1.5b needs X"), "failed"),
         (line("restarting", error="the engine was killed"), "restarting"),
         (line("starting", StartProgress("spawn", 0.3, "starting vLLM"), fault="killed"), "restarting"),

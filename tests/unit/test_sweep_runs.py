@@ -12,8 +12,10 @@ from engine_adapter.measure.sweep_runs import (
     Run,
     acceptance_per_text,
     k_needed,
+    off_rates,
     parse_policy,
     row_from_runs,
+    speedup_columns,
     window_rate,
 )
 from engine_adapter.policy.controller import PolicySpec
@@ -176,3 +178,20 @@ def test_a_level_reports_where_its_step_time_goes(steps, batch, step_s, tap_s):
     )
     row = row_from_runs([run])
     assert (row["mean_batch_size"], row["mean_step_s"], row["mean_tap_s"]) == pytest.approx((batch, step_s, tap_s))
+
+
+def _timed(prompt: str, tokens: int, seconds: float) -> RequestResult:
+    """A request that emitted ``tokens`` tokens in ``seconds``."""
+    return replace(_result(prompt, []), token_ids=[1] * tokens, t_end=seconds)
+
+
+def test_each_request_is_compared_with_plain_decoding_on_its_own_prompt():
+    plain = [_timed("code", 10, 1.0), _timed("code", 10, 2.0), _timed("code", 10, 3.0), _timed("story", 10, 1.0)]
+    off = off_rates(plain)
+    assert off == {"code": 5.0, "story": 10.0}  # the median per prompt
+    # code at 10 tokens/s (2x its plain 5), story at 8 (0.8x its plain 10), a prompt off never ran
+    got = speedup_columns([_timed("code", 20, 2.0), _timed("story", 8, 1.0), _timed("math", 1, 1.0)], off)
+    assert got["speedup_min"] == 0.8 and got["speedup_max"] == 2.0 and got["speedup_median"] == 1.4
+    assert got["below_plain_share"] == 0.5
+    assert got["speedup_jain_index"] == pytest.approx((2.8**2) / (2 * (4 + 0.64)), abs=1e-4)
+    assert speedup_columns([_timed("code", 20, 2.0)], {}) == {}  # no off in the sweep: no columns

@@ -52,7 +52,12 @@ class AsyncOrderScheduler:
         self.script: list[SchedulerOutput] = []
 
     def add(self, rid: str) -> None:
-        r = Request(rid, [1, 1, 1, 1], SamplingParams(max_tokens=64), None)
+        r = Request(
+            request_id=rid,
+            prompt_token_ids=[1, 1, 1, 1],
+            sampling_params=SamplingParams(max_tokens=64),
+            pooling_params=None,
+        )
         r.status = RequestStatus.RUNNING
         self.requests[rid] = r
         self.running.append(r)
@@ -72,7 +77,11 @@ class AsyncOrderScheduler:
                 r.status = RequestStatus.FINISHED_STOPPED
                 self.running.remove(r)
             outputs.append(
-                EngineCoreOutput(rid, list(ids), finish_reason=FinishReason.STOP if r.is_finished() else None)
+                EngineCoreOutput(
+                    request_id=rid,
+                    new_token_ids=list(ids),
+                    finish_reason=FinishReason.STOP if r.is_finished() else None,
+                )
             )
         return {0: EngineCoreOutputs(outputs=outputs)}
 

@@ -36,7 +36,7 @@ def test_a_step_wakes_the_first_requests_consumers_first(engine_order, first, ex
         tap = TapReceiver(f"ipc:///tmp/spec-explorer-test-{uuid.uuid4().hex}")
         woken: list[str] = []
         try:
-            queues = {r: tap.register(r, first=r in first) for r in engine_order if r != "gone"}
+            queues = {r: tap.register(r, watched=r in first) for r in engine_order if r != "gone"}
 
             async def consume(rid: str) -> None:
                 event = await queues[rid].get()
@@ -65,7 +65,7 @@ def test_unregister_forgets_a_first_request():
     async def run() -> None:
         tap = TapReceiver(f"ipc:///tmp/spec-explorer-test-{uuid.uuid4().hex}")
         try:
-            q = tap.register("fg", first=True)
+            q = tap.register("fg", watched=True)
             tap.unregister("fg")
             tap.route(_step(["fg"]))
             assert q.empty()

@@ -10,7 +10,9 @@ from engine_adapter.package_data import data_path
 from engine_adapter.records import EngineStep
 from engine_adapter.service.replay_service import ReplayService
 from engine_adapter.trace.format import (
+    TRACE_FORMAT,
     read_session,
+    trace_format,
 )
 from tests.support.trace_samples import engine_step, request, write_trace
 
@@ -22,6 +24,7 @@ def test_session_trace_round_trip(tmp_path):
     write_trace(path)
     lines = [json.loads(x) for x in path.read_text().splitlines()]
     assert lines[0]["type"] == "run" and lines[0]["session"] is True and lines[0]["vllm_version"] == "0.32.0"
+    assert lines[0]["format"] == TRACE_FORMAT
     assert {x["type"] for x in lines} == {"run", "engine_step", "load", "policy", "request", "summary"}
     trace = read_session(path)
     assert trace.duration_s == pytest.approx(4.0)
@@ -126,6 +129,7 @@ def test_shipped_traces_are_small_and_complete(name):
     assert path.stat().st_size < 2_000_000
     trace = read_session(path)
     assert trace.header["session"] and trace.header["vllm_version"]
+    assert trace_format(trace.header) in range(1, TRACE_FORMAT + 1)
     assert trace.summary is not None and len(trace.steps) > 50 and trace.requests
     for line in trace.request_lines:
         assert [i for s in line["steps"] for i in s["emitted"]] == line["token_ids"]
@@ -133,3 +137,18 @@ def test_shipped_traces_are_small_and_complete(name):
     if name.startswith("load_0_32"):
         assert max(n for _, n in trace.loads) == 32 and trace.loads[-1][1] == 0
         assert max(s.batch_size for s in trace.steps) >= 30
+
+
+def test_a_trace_without_a_format_is_format_one_and_a_newer_one_is_refused_in_words(tmp_path):
+    path = tmp_path / "s.jsonl"
+    write_trace(path)
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["format"]
+    assert trace_format(header) == 1
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert len(read_session(path).requests) == 1  # read as every trace before the field was
+    for bad, said in ((TRACE_FORMAT + 1, "written by a newer explorer"), ("2", "not a positive whole number")):
+        path.write_text("\n".join([json.dumps({**header, "format": bad}), *lines[1:]]) + "\n")
+        with pytest.raises(ValueError, match=f"s.jsonl:1: .*{said}"):
+            read_session(path)
