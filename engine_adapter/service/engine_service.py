@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import sys
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import Future
@@ -270,10 +271,16 @@ class EngineService:
             await self._apply_bg()  # the sessions' load survives a restart
 
     async def _teardown(self, twin: bool = True) -> None:
-        await self.background.stop()
-        if twin:
-            await self.twin.close()
-        await self.live_policy.engine_gone()
+        """Stop the load, the twin (``twin``) and the engine; the engine goes whatever fails before it."""
+        try:
+            await self.background.stop()
+            if twin:
+                await self.twin.close()
+            await self.live_policy.engine_gone()
+        finally:
+            await self._close_engine()
+
+    async def _close_engine(self) -> None:
         for t in self._tasks:
             t.cancel()
         self._tasks.clear()
@@ -290,18 +297,23 @@ class EngineService:
         self._twin_task = asyncio.create_task(self.twin.watch())
 
     async def _shutdown(self) -> None:
-        await self._restarts.close()
-        for task in (self._prom_task, self._janitor_task, self._twin_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await self.guard.stop()
-        await self._teardown()
+        try:
+            await self._restarts.close()
+            for task in (self._prom_task, self._janitor_task, self._twin_task):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            await self.guard.stop()
+        finally:
+            await self._teardown()
 
     def close(self) -> None:
-        """Stop everything (engine process included); safe to call twice."""
-        self._loop.stop(self._shutdown(), timeout_s=60)
+        """Stop everything (engine process included); safe to call twice. A step that fails is said
+        on stderr (the app's log) and the engines are stopped all the same."""
+        failure = self._loop.stop(self._shutdown(), timeout_s=60)
+        if failure is not None:
+            print(f"spec-explorer: stopping the engine service: {failure!r}", file=sys.stderr, flush=True)
         self._set(state="stopped")
 
     # --- history ------------------------------------------------------------

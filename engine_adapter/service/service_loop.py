@@ -4,14 +4,14 @@ load live, reached from any thread or event loop (the UI's).
 Contract: ``ServiceLoop()`` starts the loop; ``submit(coro)`` schedules a coroutine there and
 returns a ``concurrent.futures.Future``; ``await call(coro)`` runs it there and awaits it from the
 caller's loop; ``relay(items)`` reads an async iterator that runs there from the caller's loop
-(``service.relay``); ``stop(last)`` runs the coroutine ``last`` to the end (at most ``timeout_s``)
-and stops the loop and its thread; after ``stop`` it does nothing again.
+(``service.relay``); ``stop(last)`` runs the coroutine ``last`` to the end (at most ``timeout_s``),
+stops the loop and its thread and returns what ``last`` raised (``TimeoutError`` past
+``timeout_s``), else None; after ``stop`` it does nothing again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
@@ -42,12 +42,16 @@ class ServiceLoop:
     def relay(self, items: AsyncIterator[T]) -> AsyncIterator[T]:
         return relay(self._loop, items)
 
-    def stop(self, last: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> None:
+    def stop(self, last: Coroutine[Any, Any, Any], timeout_s: float = 60.0) -> Exception | None:
         if self._stopped:
             last.close()
-            return
+            return None
         self._stopped = True
-        with contextlib.suppress(Exception):
+        failure: Exception | None = None
+        try:
             self.submit(last).result(timeout=timeout_s)
+        except Exception as e:  # the caller says it; the loop stops all the same
+            failure = e
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        return failure

@@ -25,7 +25,7 @@ from gradio_client import Client
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
 from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
-from tests.support.processes import wait_gone
+from tests.support.processes import descendants, describe, wait_ended
 from tests.support.tiny_models import TinyFamily, build_tiny_family
 
 
@@ -100,7 +100,6 @@ class SharedApp:
     def __init__(self, tiny: TinyFamily, log: Path) -> None:
         # fixed K=3: the tests read K=3's drafts (the default, auto, may choose K=0 on tiny models)
         self._app = start_app(tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed"), log)
-        self._marker = str(tiny.perturbed)
         self.url = self._app.url
         self.stopped = False
 
@@ -114,9 +113,11 @@ class SharedApp:
         if self.stopped:
             return
         self.stopped = True
+        engines = descendants(self._app.proc.pid)
         if not self._app.stop(timeout_s=60):
             pytest.fail("the app did not exit within 60 s of Ctrl-C (SIGINT)")
-        assert wait_gone(self._marker, 30) == [], "the engine outlived the app"
+        left = wait_ended(engines, 30)
+        assert left == [], f"the engine outlived the app: {describe(left)}"
 
 
 def last_module_using(session: pytest.Session, fixture: str):

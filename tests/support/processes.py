@@ -1,10 +1,17 @@
-"""Find the processes a test started (by a path in their command line) and wait for them to end."""
+"""Find the processes a test started (by a path in their command line, or as an app's
+descendants) and wait for them to end.
+
+``descendants(pid)``: every process under ``pid`` now; ``wait_ended(pids, timeout_s)``: those of
+``pids`` still running (not zombies) after waiting up to ``timeout_s`` for them to end; a test that
+stops an app checks its own engines so, and is not misled by another app's on the same models."""
 
 from __future__ import annotations
 
 import os
 import time
 from pathlib import Path
+
+import psutil
 
 
 def processes_mentioning(needle: str) -> list[int]:
@@ -31,3 +38,39 @@ def wait_gone(needle: str, timeout_s: float = 30.0) -> list[int]:
             return []
         time.sleep(0.5)
     return processes_mentioning(needle)
+
+
+def describe(pids: list[int]) -> str:
+    """Each PID with its parent and the start of its command line (for a failure's message)."""
+    out = []
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+            ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            continue
+        out.append(f"{pid} (parent {ppid}): {cmd}")
+    return "; ".join(out) or "none left by now"
+
+
+def descendants(pid: int) -> list[int]:
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_ended(pids: list[int], timeout_s: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    left = [pid for pid in pids if _running(pid)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.5)
+        left = [pid for pid in left if _running(pid)]
+    return left

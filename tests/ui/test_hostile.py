@@ -26,7 +26,7 @@ from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.service.fair_share import MAX_BACKGROUND_PER_VISITOR
 from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
 from tests.support.hostile import engine_servers, presenter_key
-from tests.support.processes import wait_gone
+from tests.support.processes import descendants, describe, processes_mentioning, wait_ended
 
 LOCKED = "locked by the presenter"
 TABLE = {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 64, 0]]}
@@ -37,7 +37,6 @@ class PublicApp:
     def __init__(self, tiny, tmp) -> None:
         args = tiny_app_args(tiny.target, tiny.perturbed, "--k", "3", "--policy", "fixed", "--host", "0.0.0.0")
         self.app = start_app([*args, "--record", str(tmp / "session.jsonl")], tmp / "app.log")
-        self.marker = str(tiny.perturbed)
         try:
             wait_ready(self.app, engine_ready, timeout_s=300)
         except AppNotReady as e:
@@ -61,8 +60,13 @@ class PublicApp:
         return snap.counters.get("generation_tokens", 0.0)
 
     def stop(self) -> None:
+        engines = descendants(self.app.proc.pid)  # this app's: the shared app may run on the same models
         assert self.app.stop(timeout_s=60), "the app did not exit within 60 s of Ctrl-C"
-        assert wait_gone(self.marker, 30) == [], "an engine outlived the app"
+        left = wait_ended(engines, 30)
+        assert left == [], f"an engine outlived the app: {describe(left)}; the app's log ends:\n{self.log_tail()}"
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.app.log.read_text(errors="replace").splitlines()[-lines:])
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +182,8 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
     two requests). Beside a flood it averages about 15 % lower, with the engine's CPU unchanged and
     fewer of the load's requests running (docs/benchmarks.md, "The polling flood"): a cost that is
     not the app's CPU, not yet explained, and over the 10 % the project aims at."""
+    others = [pid for pid in processes_mentioning("app.py --port") if pid != public.app.proc.pid]
+    assert not others, f"another app shares the cores with this measurement: {describe(others)}"
     loader = public.visitor("198.51.100.40")
     loader.predict(8, api_name="/set_load")
     time.sleep(20)  # the load's first wave of prefills: its rate climbs for a while

@@ -48,6 +48,20 @@ def test_stop_runs_the_last_coroutine_once_and_then_nothing() -> None:
     assert ran == ["first"]
 
 
+def test_stop_returns_what_the_last_coroutine_raised_and_stops_all_the_same() -> None:
+    loop = ServiceLoop()
+
+    async def fails() -> None:
+        raise RuntimeError("a step of the shutdown")
+
+    failure = loop.stop(fails())
+    assert isinstance(failure, RuntimeError) and "a step of the shutdown" in str(failure)
+    assert loop.closed and not any(t.name == "engine-service" for t in threading.enumerate())
+    late = ServiceLoop(name="slow-stop")
+    assert isinstance(late.stop(asyncio.sleep(5), timeout_s=0.2), TimeoutError)
+    assert loop.stop(asyncio.sleep(0)) is None  # stopped already: nothing ran, nothing failed
+
+
 def test_an_error_on_the_service_loop_reaches_the_caller() -> None:
     loop = ServiceLoop()
 
