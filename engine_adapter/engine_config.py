@@ -66,6 +66,16 @@ def cpu_dtype(cpu_flags: frozenset[str] | set[str]) -> str:
     return "bfloat16" if cpu_flags & BF16_CPU_FLAGS else "float32"
 
 
+def cpu_kind(cpu_flags: frozenset[str] | set[str]) -> str:
+    """The CPU kind the project's figures are named by: "AVX-512 BF16" (bfloat16 computed natively,
+    AMX included), "AVX-512" (without it), "AVX2", else "other"."""
+    if cpu_flags & BF16_CPU_FLAGS:
+        return "AVX-512 BF16"
+    if "avx512f" in cpu_flags:
+        return "AVX-512"
+    return "AVX2" if "avx2" in cpu_flags else "other"
+
+
 def cpu_flags() -> frozenset[str]:
     try:
         with open("/proc/cpuinfo") as f:

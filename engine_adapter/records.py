@@ -272,6 +272,36 @@ class EngineStep:
     requests: tuple[RequestInStep, ...] = ()  # every request the step ran (skipped ones left out)
 
 
+NOT_RECORDED = "not recorded"
+
+
+@dataclass(frozen=True)
+class SweepFileSettings:
+    """What a sweep file was measured with, beside the policies and levels its rows name: the
+    hidden arguments of its speed figures (``python -m engine_adapter.sweep`` prints them in its
+    JSON line; ``docs/sweeps/index.json`` keeps them per file as ``"settings"``)."""
+
+    hardware: str = NOT_RECORDED  # CPU model, cores and kind, or the GPU
+    dtype: str = NOT_RECORDED
+    models: str = NOT_RECORDED  # "target / draft"
+    method: str = NOT_RECORDED
+    max_tokens: int | None = None  # per request
+    date: str = NOT_RECORDED
+
+    def line(self) -> str:
+        tokens = f"{self.max_tokens} tokens per request; " if self.max_tokens else ""
+        return (
+            f"{self.hardware}, {self.dtype}; {self.models}; method {self.method}; {tokens}"
+            f"policies and concurrency as in the table; {self.date}"
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SweepFileSettings:
+        """From an index entry's ``"settings"`` (unknown keys ignored, missing ones not recorded)."""
+        known = {k: d[k] for k in ("hardware", "dtype", "models", "method", "max_tokens", "date") if k in d}
+        return cls(**known)
+
+
 # The first columns of a sweep CSV (python -m engine_adapter.sweep), which the explorer's
 # Sweep panel reads: the CSV is a record format that crosses into the explorer too.
 SWEEP_COLUMNS: tuple[str, ...] = (

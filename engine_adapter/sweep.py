@@ -52,7 +52,9 @@ different number of times compare the same texts), runs, total_tokens_per_s_min,
 total_tokens_per_s_max, measured_s (the median run's measured seconds: the
 window, or the wave's wall time), mean_batch_size, mean_step_s and mean_tap_s
 (per step, pooled: requests, the step's wall seconds, the tap's own seconds in
-it). A table is printed, then a JSON last line. --steps-out writes every measured
+it). A table is printed, then a JSON last line: "settings", the sweep's settings line
+(``records.SweepFileSettings``: hardware, dtype, models, method, max tokens, date; copy it
+into docs/sweeps/index.json with a shipped file), and "rows". --steps-out writes every measured
 step of every run as a JSONL line (the session trace's ``engine_step`` fields,
 ``t`` from the run's first step, plus policy, concurrency, category and run).
 """
@@ -63,11 +65,15 @@ import argparse
 import asyncio
 import json
 import sys
+import time
+from dataclasses import asdict
 from pathlib import Path
 
 from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule, add_parameter_arguments, pop_parameters
-from engine_adapter.engine_config import add_model_arguments
+from engine_adapter.engine.platform import detect_platform, machine_facts
+from engine_adapter.engine_config import add_model_arguments, resolve_dtype
 from engine_adapter.measure.policy_sweep import SweepSettings, sweep
+from engine_adapter.records import SweepFileSettings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -137,8 +143,28 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out, index=False)
     print(df.to_string(index=False))
-    print(json.dumps({"rows": df.astype(object).where(df.notna(), None).to_dict(orient="records")}))
+    rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
+    print(json.dumps({"settings": asdict(file_settings(args)), "rows": rows}))
     return 0
+
+
+def file_settings(args: argparse.Namespace) -> SweepFileSettings:
+    """This sweep's settings line (``records.SweepFileSettings``): the machine it ran on, the models by name."""
+    platform = detect_platform()
+    if platform.is_gpu:
+        hardware = platform.device_name
+    else:
+        facts = machine_facts()
+        hardware = f"{facts['cpu']}, {facts['cores']} cores ({facts['cpu_kind']})"
+    draft = Path(args.draft).name if args.method == "draft" else args.method
+    return SweepFileSettings(
+        hardware=hardware,
+        dtype=resolve_dtype("auto", on_cpu=not platform.is_gpu),
+        models=f"{Path(args.target).name} / {draft}",
+        method=args.method,
+        max_tokens=args.max_tokens,
+        date=time.strftime("%Y-%m-%d"),
+    )
 
 
 if __name__ == "__main__":

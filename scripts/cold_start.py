@@ -12,15 +12,15 @@ The app (``python app.py --port <free> ARGS`` on 127.0.0.1) is polled through it
 API every second; once it says ready, one request (``--prompt``, ``--max-tokens`` tokens,
 greedy) runs through ``/run`` and its token kinds are counted. The app is stopped by its PID
 at the end (Ctrl-C, then SIGKILL of its session). Prints a table, then JSON as the last line:
-seconds from launch to the page answering, to "Measuring this machine", to ready, the first
-request's wall time and its kinds.
+the machine (CPU, cores, CPU kind, the engine's dtype: ``platform.machine_facts``), seconds from
+launch to the page answering, to "Measuring this machine", to ready, the first request's wall
+time and its kinds.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import shutil
 import sys
@@ -35,6 +35,7 @@ from gradio_client import Client
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, as a script
 
 from engine_adapter.engine.models import default_cache_dir  # noqa: E402
+from engine_adapter.engine.platform import dtype_in, machine_facts  # noqa: E402
 from tests.support.app_process import engine_ready, start_app  # noqa: E402
 
 FIRST_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
@@ -114,22 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(cache / "cost", models / "cost", dirs_exist_ok=True)
     if args.cold:
         shutil.rmtree(cache, ignore_errors=True)
-    row = {"start": "cold" if args.cold else "warm", "app_args": args.app_args, "cpu": _cpu_name()} | {
+    facts = machine_facts(dtype_in(shlex.split(args.app_args)))
+    row = {"start": "cold" if args.cold else "warm", "app_args": args.app_args, **facts} | {
         k: (round(v, 1) if isinstance(v, float) else v) for k, v in marks.items()
     }
     for key, value in row.items():
         print(f"{key:>18}: {value}")
     print(json.dumps(row))
     return 0
-
-
-def _cpu_name() -> str:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "unknown"
-    avx512 = "avx512_bf16" in flags
-    return f"{os.cpu_count()} cores, {'AVX-512 BF16' if avx512 else 'no AVX-512 BF16'}"
 
 
 if __name__ == "__main__":

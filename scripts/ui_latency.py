@@ -25,7 +25,8 @@ latency before rendering (the read runs on the page's main thread, so it is an u
 on the wire arrival). Plotly's
 ``plotly_react`` event on ``#live-charts`` counts the live charts' redraws per second over
 the level's window (requests plus at least ``--window-s``). Statistics:
-engine_adapter/measure/ui_latency.py. Report: a table, then JSON as the last line.
+engine_adapter/measure/ui_latency.py. Report: a table, then JSON as the last line (with the
+machine: CPU, cores, CPU kind, dtype).
 
 Bounded: one app (and its engine) and one browser, all on loopback, every wait with a
 timeout, the whole run under ``--deadline-s``; the load is set back to 0 and the app is
@@ -54,6 +55,7 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine_adapter.engine.platform import dtype_in, machine_facts  # noqa: E402
 from engine_adapter.engine_config import DEFAULT_DRAFT, DEFAULT_TARGET  # noqa: E402
 from engine_adapter.measure.ui_latency import (  # noqa: E402
     LevelResult,
@@ -483,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "commit": git_commit(),
         "app_args": app_args,
+        **machine_facts(dtype_in(app_args)),
         "max_tokens": settings.max_tokens,
         "requests_per_level": settings.requests,
         "dropped_events": settings.drop_events,

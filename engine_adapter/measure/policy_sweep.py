@@ -3,8 +3,10 @@
 Contract: ``sweep(SweepSettings)`` starts the engines it needs (a speculation-off one for
 ``off``, one live-policy engine for every other policy, switched through the control
 channel), profiles or reads the cost model, interleaves the policies within each level
-and returns the table ``python -m engine_adapter.sweep`` writes (one row per policy,
-concurrency[, category]). Progress goes to stderr.
+(where the two engines do not fit in memory together, ``fits_together``: ``off`` first on its
+engine alone, then the live policies on theirs, said on stderr) and returns the table
+``python -m engine_adapter.sweep`` writes (one row per policy, concurrency[, category]).
+Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pandas as pd
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.resources import fits_together
 from engine_adapter.engine_config import EngineConfig, validate_k_table
 from engine_adapter.measure.lossy_quality import LOSSY_COLUMNS, quality_columns
 from engine_adapter.measure.sweep_runs import (
@@ -99,16 +102,22 @@ class _LivePolicies:
             self.rule = rule
 
 
+def _live_config(settings: SweepSettings, base: dict[str, Any], live_pols: list[Policy]) -> EngineConfig:
+    """The live-policy engine's config: num_speculative_tokens = the largest K asked."""
+    k_max = k_needed(live_pols, settings.k_max)
+    return EngineConfig(
+        method=settings.method, k=min(3, k_max), k_max=k_max, idle_drafter=not settings.standing_drafter, **base
+    )
+
+
 async def _start_live(
     settings: SweepSettings, base: dict, live_pols: list[Policy], prompts: list[str], engines: dict[str, LiveEngine]
 ) -> _LivePolicies:
     """One engine for every live policy (num_speculative_tokens = the largest K asked), with the cost
     model read from the cache or profiled, and acceptance for ``auto`` from one short pass at k_max.
     The engine joins ``engines`` as soon as it runs, so the caller closes it whatever fails next."""
-    k_max = k_needed(live_pols, settings.k_max)
-    cfg = EngineConfig(
-        method=settings.method, k=min(3, k_max), k_max=k_max, idle_drafter=not settings.standing_drafter, **base
-    )
+    cfg = _live_config(settings, base, live_pols)
+    k_max = cfg.k_max
     _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
     engines["live"] = engine = await LiveEngine.launch(cfg)
     live = _LivePolicies(engine, PolicyController(engine.client, k_max, base["max_num_seqs"]), PositionCounts(k_max))
@@ -213,16 +222,8 @@ def _reference(runs: dict[tuple[str, str], list[Run]]) -> dict[str, tuple[list[i
     return ref
 
 
-async def sweep(settings: SweepSettings) -> pd.DataFrame:
-    table = validate_k_table(settings.table) if settings.table else None
-    policies = [parse_policy(p, table) for p in settings.policies]
-    lossy = any(r.lossy for r in settings.acceptance)
-    if lossy and LOSSLESS not in settings.acceptance:  # the texts a lossy rule is compared with
-        settings.acceptance = [LOSSLESS, *settings.acceptance]
-    by_cat = read_categories(settings.prompts) if settings.by_category else {"all": read_prompts(settings.prompts)}
-    categories = {p: cat for cat, ps in read_categories(settings.prompts).items() for p in ps}
-    all_prompts = [p for ps in by_cat.values() for p in ps]
-    base = dict(
+def _engine_base(settings: SweepSettings) -> dict[str, Any]:
+    return dict(
         target=settings.target,
         draft=settings.draft,
         max_model_len=2048,
@@ -230,39 +231,92 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
         kv_cache_gib=settings.kv_cache_gib,
         reserved_cpus=settings.reserved_cpus,
     )
+
+
+def _phases(settings: SweepSettings, policies: list[Policy], base: dict[str, Any]) -> list[list[Policy]]:
+    """The policies in one phase (both engines at once: the rounds interleave ``off`` with the live
+    policies, so a drift of the machine cancels), or two, one engine each, when the two engines
+    do not fit in memory together (said on stderr)."""
+    off = [p for p in policies if p.spec is None]
+    live = [p for p in policies if p.spec is not None]
+    if not off or not live:
+        return [policies]
+    why = fits_together([EngineConfig(method="off", **base), _live_config(settings, base, live)])
+    if why is None:
+        return [policies]
+    _say(
+        f"== {why}: the speculation-off engine runs first, alone, then the {settings.method} engine "
+        "(one after the other: a drift of the machine between the two is not cancelled)"
+    )
+    return [off, live]
+
+
+async def _run_phase(
+    settings: SweepSettings, phase: list[Policy], base: dict[str, Any], by_cat: dict[str, list[str]], steps_out
+) -> dict[tuple[int, str], dict[tuple[str, str], list[Run]]]:
+    """Start the engines ``phase`` needs, measure every level with them, close them."""
     engines: dict[str, LiveEngine] = {}
     live: _LivePolicies | None = None
-    steps_out = settings.steps_out.open("w", encoding="utf-8") if settings.steps_out else None
-    rows = []
+    measured: dict[tuple[int, str], dict[tuple[str, str], list[Run]]] = {}
     try:
-        if any(p.spec is None for p in policies):
+        if any(p.spec is None for p in phase):
             _say("== starting the speculation-off engine")
             engines["off"] = await LiveEngine.launch(EngineConfig(method="off", **base))
-        live_pols = [p for p in policies if p.spec is not None]
+        live_pols = [p for p in phase if p.spec is not None]
         if live_pols:
+            all_prompts = [p for ps in by_cat.values() for p in ps]
             live = await _start_live(settings, base, live_pols, all_prompts, engines)
         for e in engines.values():
-            await measure(e, all_prompts[:1], 1, 8)  # warm-up, not reported
+            await measure(e, next(iter(by_cat.values()))[:1], 1, 8)  # warm-up, not reported
         for c in settings.concurrency:
             for cat, prompts in by_cat.items():
-                runs = await _measure_level(settings, policies, engines, live, c, cat, prompts, steps_out)
-                reference = _reference(runs)
-                rules = {r.name: r for r in settings.acceptance}
-                off = off_rates([x for run in runs.get(("off", LOSSLESS.name), []) for x in run.results])
-                for (name, rule), rs in runs.items():
-                    row = {"policy": name, "concurrency": c, **row_from_runs(rs)}
-                    row |= speedup_columns([x for run in rs for x in run.results], off)
-                    if settings.by_category:
-                        row["category"] = cat
-                    if lossy:
-                        quality = quality_columns([x for run in rs for x in run.results], reference, categories)
-                        row |= {"acceptance": rule, "acceptance_rule": rules[rule].describe(), **quality}
-                    median, k_eff = row["total_tokens_per_s"], row["effective_k"]
-                    _say(f"   c={c} {cat} {name} {rule}: median {median:.2f} tok/s, effective K {k_eff}")
-                    rows.append(row)
+                measured[(c, cat)] = await _measure_level(settings, phase, engines, live, c, cat, prompts, steps_out)
     finally:
-        for e in engines.values():
+        for name, e in engines.items():
             await e.close()
+            _say(f"== closed the {'speculation-off' if name == 'off' else settings.method} engine")
+    return measured
+
+
+def _level_rows(
+    settings: SweepSettings, runs: dict[tuple[str, str], list[Run]], c: int, cat: str, lossy: bool
+) -> list[dict[str, Any]]:
+    """The CSV's rows of one level (concurrency ``c``, category ``cat``): one per (policy, rule)."""
+    reference = _reference(runs)
+    rules = {r.name: r for r in settings.acceptance}
+    categories = {p: cat for cat, ps in read_categories(settings.prompts).items() for p in ps}
+    off = off_rates([x for run in runs.get(("off", LOSSLESS.name), []) for x in run.results])
+    rows = []
+    for (name, rule), rs in runs.items():
+        row = {"policy": name, "concurrency": c, **row_from_runs(rs)}
+        row |= speedup_columns([x for run in rs for x in run.results], off)
+        if settings.by_category:
+            row["category"] = cat
+        if lossy:
+            quality = quality_columns([x for run in rs for x in run.results], reference, categories)
+            row |= {"acceptance": rule, "acceptance_rule": rules[rule].describe(), **quality}
+        median, k_eff = row["total_tokens_per_s"], row["effective_k"]
+        _say(f"   c={c} {cat} {name} {rule}: median {median:.2f} tok/s, effective K {k_eff}")
+        rows.append(row)
+    return rows
+
+
+async def sweep(settings: SweepSettings) -> pd.DataFrame:
+    table = validate_k_table(settings.table) if settings.table else None
+    policies = [parse_policy(p, table) for p in settings.policies]
+    lossy = any(r.lossy for r in settings.acceptance)
+    if lossy and LOSSLESS not in settings.acceptance:  # the texts a lossy rule is compared with
+        settings.acceptance = [LOSSLESS, *settings.acceptance]
+    by_cat = read_categories(settings.prompts) if settings.by_category else {"all": read_prompts(settings.prompts)}
+    base = _engine_base(settings)
+    levels: dict[tuple[int, str], dict[tuple[str, str], list[Run]]] = {}
+    steps_out = settings.steps_out.open("w", encoding="utf-8") if settings.steps_out else None
+    try:
+        for phase in _phases(settings, policies, base):
+            for level, runs in (await _run_phase(settings, phase, base, by_cat, steps_out)).items():
+                levels.setdefault(level, {}).update(runs)
+    finally:
         if steps_out is not None:
             steps_out.close()
+    rows = [row for (c, cat), runs in levels.items() for row in _level_rows(settings, runs, c, cat, lossy)]
     return _frame(rows, policies, settings.by_category, lossy)

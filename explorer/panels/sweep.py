@@ -4,8 +4,9 @@ Contract: ``build_sweep_panel(sweep_dir)`` adds, inside the enclosing
 ``gr.Blocks``, an accordion with the sweeps shipped in ``sweep_dir``
 (``engine_adapter.package_data.sweeps_dir()``, the index's first shown on
 load) and an upload for a CSV written by ``python -m engine_adapter.sweep``.
-API names: /sweep (a shipped file's name) -> (message, figure, table); /sweep_upload (a CSV file,
-bounded by ``sweep_figure.read_sweep``) -> the same.
+API names: /sweep (a shipped file's name) -> (message, figure, table), the message with the
+index's line about it and its settings line; /sweep_upload (a CSV file, bounded by
+``sweep_figure.read_sweep``) -> the same.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import gradio as gr
 from gradio.components import Component
 
-from explorer.views.sweep_figure import shipped_sweeps, show
+from explorer.views.sweep_figure import settings_markdown, shipped_sweeps, show
 
 
 class SweepPanel:
@@ -24,13 +25,14 @@ class SweepPanel:
         self.sweep_dir = sweep_dir
         self.shipped = shipped_sweeps(sweep_dir)
         self.about = {s.path.name: s.about for s in self.shipped}
+        self.settings = {s.path.name: s.settings for s in self.shipped}
 
     def build(self) -> None:
         first_name = self.shipped[0].path.name if self.shipped else None
         with gr.Accordion("Sweep: speedup versus concurrency per policy (python -m engine_adapter.sweep)", open=False):
             gr.Markdown(
                 "Measured by `python -m engine_adapter.sweep` on a live engine; pick a sweep shipped "
-                "with the explorer (made on the machine named in its file name; the first is the sweep "
+                "with the explorer (each with the settings it was measured with; the first is the sweep "
                 "of record) or upload your own CSV."
             )
             with gr.Row():
@@ -49,11 +51,11 @@ class SweepPanel:
         )
 
     def _shipped(self, name: str | None) -> tuple[str, Any, Any]:
-        """A shipped sweep, with the index's line about it."""
+        """A shipped sweep, with the index's line about it and its settings line."""
         message, fig, table = show(self.sweep_dir / name if name else None)
-        if self.about.get(name) and fig is not None:
-            message = f"{self.about[name]}\n\n{message}"
-        return message, fig, table
+        if fig is not None:
+            message = f"{self.about.get(name) or ''}\n\n{settings_markdown(self.settings.get(name))}\n\n{message}"
+        return message.strip(), fig, table
 
     def _outputs(self, shown: tuple[str, Any, Any]) -> dict[Component, Any]:
         return dict(zip([self.message, self.plot, self.table], shown))
@@ -62,7 +64,10 @@ class SweepPanel:
         return self._outputs(self._shipped(name))
 
     def show_upload(self, path: str | None) -> dict[Component, Any]:
-        return self._outputs(show(path))
+        message, fig, table = show(path)
+        if fig is not None:  # a CSV carries no settings: the sweep printed them in its JSON line
+            message += ' Its settings line is not in the CSV: the sweep printed it as the JSON line\'s "settings".'
+        return self._outputs((message, fig, table))
 
 
 def build_sweep_panel(sweep_dir: Path) -> SweepPanel:

@@ -11,8 +11,9 @@ has a ``category`` column. ``show(path)`` is the (message, figure, table) a
 panel shows for one CSV, with a clear message for a bad file.
 ``shipped_sweeps(sweep_dir)`` (``sweep_dir`` = ``package_data.sweeps_dir()``)
 orders them as ``docs/sweeps/index.json`` lists them (a list of ``{"file",
-"about"}``; the first is the sweep of record, shown by default), then any CSV
-it does not list, by name.
+"about", "settings"}``; the first is the sweep of record, shown by default), then any CSV
+it does not list, by name; ``settings_markdown(settings)`` is the settings line shown with
+one (``records.SweepFileSettings``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from engine_adapter.records import SWEEP_COLUMNS
+from engine_adapter.records import SWEEP_COLUMNS, SweepFileSettings
 
 REQUIRED = SWEEP_COLUMNS
 MAX_SWEEP_BYTES = 1 << 20  # 1 MiB: the sweeps shipped are 1-6 KB
@@ -39,6 +40,7 @@ MAX_CATEGORIES = 8  # panels
 class ShippedSweep:
     path: Path
     about: str  # one line: what was measured, how, and where it stands (from index.json)
+    settings: SweepFileSettings | None = None  # what it was measured with (None: not kept with it)
 
 
 def shipped_sweeps(sweep_dir: Path) -> list[ShippedSweep]:
@@ -48,10 +50,26 @@ def shipped_sweeps(sweep_dir: Path) -> list[ShippedSweep]:
     index_path = sweep_dir / "index.json"
     entries = json.loads(index_path.read_text()) if index_path.is_file() else []
     listed = [
-        ShippedSweep(sweep_dir / e["file"], e.get("about", "")) for e in entries if (sweep_dir / e["file"]).is_file()
+        ShippedSweep(sweep_dir / e["file"], e.get("about", ""), _settings(e))
+        for e in entries
+        if (sweep_dir / e["file"]).is_file()
     ]
     names = {s.path.name for s in listed}
     return listed + [ShippedSweep(p, "") for p in sorted(sweep_dir.glob("*.csv")) if p.name not in names]
+
+
+def _settings(entry: dict) -> SweepFileSettings | None:
+    settings = entry.get("settings")
+    if not isinstance(settings, dict):
+        return None
+    return SweepFileSettings.from_dict({"date": entry.get("date", "not recorded")} | settings)
+
+
+def settings_markdown(settings: SweepFileSettings | None) -> str:
+    """The settings line a sweep's figures are shown with (every speed figure on the page has one)."""
+    if settings is None:
+        return "**Measured with:** not recorded with this file (its hardware, dtype and models are unknown)."
+    return f"**Measured with:** {settings.line()}"
 
 
 def read_sweep(path: str | Path) -> pd.DataFrame:

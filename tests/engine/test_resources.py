@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.engine.launcher import EngineProcess, EngineStartError
-from engine_adapter.engine.resources import DISK_ENV, MEM_ENV, NotEnoughResources, check_resources, estimate
+from engine_adapter.engine.resources import (
+    DISK_ENV,
+    MEM_ENV,
+    SKIP_ENV,
+    NotEnoughResources,
+    check_resources,
+    estimate,
+    fits_together,
+)
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.service.engine_service import EngineService
 from explorer.views.status import status_markdown
@@ -48,6 +56,27 @@ def test_resource_estimate_counts_the_draft_only_for_the_draft_method(tiny):
     check_resources(tiny_config(tiny, "draft"), available=64 << 30)  # plenty: no error
     with pytest.raises(NotEnoughResources):
         check_resources(tiny_config(tiny, "draft"), available=1 << 30)
+
+
+@pytest.mark.parametrize(
+    ("available_gib", "fits"),
+    [(64, True), (5.5, True), (4, False), (2.6, False)],  # each tiny engine: about 2.5 GiB
+)
+def test_two_engines_fit_together_only_in_their_summed_memory(tiny, available_gib, fits):
+    configs = [tiny_config(tiny, "off"), tiny_config(tiny, "draft", "same")]
+    need = sum(estimate(c).memory_bytes for c in configs)
+    why = fits_together(configs, available=int(available_gib * (1 << 30)))
+    assert (why is None) == fits and (need <= available_gib * (1 << 30)) == fits
+    if not fits:
+        assert f"{need / (1 << 30):.1f} GiB at once (off " in why and f"{available_gib:.1f} GiB is available" in why
+
+
+def test_fitting_together_follows_the_overrides(tiny, monkeypatch):
+    configs = [tiny_config(tiny, "off"), tiny_config(tiny, "off")]
+    monkeypatch.setenv(MEM_ENV, "3")
+    assert "3.0 GiB is available" in fits_together(configs)
+    monkeypatch.setenv(SKIP_ENV, "1")
+    assert fits_together(configs) is None
 
 
 def test_the_page_says_what_is_missing(tiny, monkeypatch):

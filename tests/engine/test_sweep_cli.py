@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from engine_adapter.engine.resources import MEM_ENV
 from engine_adapter.measure.lossy_quality import LOSSY_COLUMNS
 from engine_adapter.measure.sweep_runs import COLUMNS, EXTRA_COLUMNS
 from engine_adapter.package_data import PROJECT_ROOT
@@ -155,3 +156,24 @@ def test_acceptance_rules_add_the_lossy_columns(tiny, tmp_path):
     assert float(relaxed["draft_acceptance_rate"]) > float(lossless["draft_acceptance_rate"])
     assert float(relaxed["agreement"]) < 1.0 and relaxed["acceptance_rule"] == "relaxed (top_k=20, delta=0.5)"
     assert "warning" not in done.stderr  # every step of a run was verified under its own rule
+
+
+def test_engines_that_do_not_fit_together_run_one_after_the_other(tiny, tmp_path):
+    """With memory for one engine at a time (the override: 4 GiB, each tiny engine about 2.5), ``off``
+    runs alone first, then the live engine; speedups and texts are still compared with off's."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
+    out = tmp_path / "sweep.csv"
+    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "off,k3"]
+    cmd += ["--prompts", str(prompts), "--max-tokens", "16", "--min-requests", "2", "--window-s", "0"]
+    cmd += ["--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
+    env = os.environ | {MEM_ENV: "4", "SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    err = done.stderr
+    assert "GiB at once" in err and "4.0 GiB is available" in err and "one after the other" in err
+    assert err.index("closed the speculation-off engine") < err.index("starting the draft engine")
+    by = {r["policy"]: r for r in csv.DictReader(out.open())}
+    assert set(by) == {"off", "k3"}
+    assert float(by["k3"]["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
+    assert float(by["k3"]["speedup_median"]) > 0  # each request against off's rate, measured before

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import json
+
 import pandas as pd
 import pytest
 
 from engine_adapter.package_data import sweeps_dir
-from explorer.views.sweep_figure import REQUIRED, read_sweep, shipped_sweeps, show, sweep_figure, with_speedup
+from engine_adapter.records import SweepFileSettings
+from explorer.views.sweep_figure import (
+    REQUIRED,
+    read_sweep,
+    settings_markdown,
+    shipped_sweeps,
+    show,
+    sweep_figure,
+    with_speedup,
+)
 
 
 def rows(policy, tps_by_c, category=None):
@@ -135,3 +146,32 @@ def test_every_shipped_sweep_is_in_the_index_and_reads():
     assert shipped and all(s.about for s in shipped), [s.path.name for s in shipped if not s.about]
     for s in shipped:
         assert not read_sweep(s.path).empty
+
+
+def test_a_shipped_sweep_is_shown_with_its_settings_line(tmp_path):
+    (tmp_path / "one.csv").write_text(",".join(REQUIRED) + "\n")
+    (tmp_path / "two.csv").write_text(",".join(REQUIRED) + "\n")
+    settings = {"hardware": "AMD EPYC, 2 cores (AVX-512 BF16)", "dtype": "bfloat16", "models": "t / d"}
+    (tmp_path / "index.json").write_text(
+        json.dumps(
+            [
+                {"file": "one.csv", "date": "the day it ran", "about": "a", "settings": settings | {"method": "draft"}},
+                {"file": "two.csv", "date": "another day", "about": "b"},
+            ]
+        )
+    )
+    one, two = shipped_sweeps(tmp_path)
+    assert one.settings == SweepFileSettings(settings["hardware"], "bfloat16", "t / d", "draft", None, "the day it ran")
+    assert settings_markdown(one.settings) == (
+        "**Measured with:** AMD EPYC, 2 cores (AVX-512 BF16), bfloat16; t / d; method draft; "
+        "policies and concurrency as in the table; the day it ran"
+    )
+    assert two.settings is None and "not recorded with this file" in settings_markdown(two.settings)
+    partial = SweepFileSettings.from_dict({"dtype": "float32", "max_tokens": 32, "unknown": 1})
+    assert partial.line().startswith("not recorded, float32; not recorded; method not recorded; 32 tokens per request")
+
+
+def test_every_shipped_sweep_says_what_it_was_measured_with():
+    """Every speed figure on the page has its settings line: the shipped sweeps' come from the index."""
+    missing = [s.path.name for s in shipped_sweeps(sweeps_dir()) if s.settings is None]
+    assert not missing, missing

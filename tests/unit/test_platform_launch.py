@@ -18,10 +18,10 @@ import pytest
 from engine_adapter import engine_config
 from engine_adapter.engine import launcher
 from engine_adapter.engine.launcher import EngineProcess, StartProgress, engine_env, explain_failure, milestones_seen
-from engine_adapter.engine.platform import cpu_platform, cuda_platform, request_counts
+from engine_adapter.engine.platform import cpu_platform, cuda_platform, dtype_in, machine_facts, request_counts
 from engine_adapter.engine.resources import GIB, SKIP_ENV, NotEnoughResources, check_resources
 from engine_adapter.engine.server_args import batched_tokens, capture_sizes, server_args
-from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine_config import EngineConfig, cpu_dtype, cpu_flags, cpu_kind
 from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.vllm_plugin.paths import STARTUP_DIR
 from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_ENV, TAP_ADDR_ENV
@@ -593,3 +593,25 @@ def test_the_engine_process_passes_its_platform_everywhere(monkeypatch, tmp_path
     # the server's key travels in its environment, never on its command line (any local user reads that)
     assert len(seen["api_key"]) >= 32 and not any(seen["api_key"] in arg for arg in seen["cmd"])
     assert "--kv-cache-memory-bytes" in seen["cmd"] and GPU_IDLER in seen["cmd"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "kind", "dtype"),
+    [
+        ({"avx2", "avx512f", "avx512_bf16"}, "AVX-512 BF16", "bfloat16"),
+        ({"avx2", "avx512f", "amx_bf16"}, "AVX-512 BF16", "bfloat16"),
+        ({"avx2", "avx512f"}, "AVX-512", "float32"),
+        ({"avx2", "fma"}, "AVX2", "float32"),
+        ({"sse4_2"}, "other", "float32"),
+    ],
+)
+def test_a_cpu_kind_and_its_dtype_follow_its_flags(flags, kind, dtype):
+    assert cpu_kind(frozenset(flags)) == kind and cpu_dtype(frozenset(flags)) == dtype
+
+
+def test_machine_facts_name_the_cpu_its_kind_and_the_dtype_asked():
+    facts = machine_facts()
+    assert set(facts) == {"cpu", "cores", "cpu_kind", "dtype"} and facts["cores"] == os.cpu_count()
+    assert facts["dtype"] == cpu_dtype(cpu_flags()) and facts["cpu_kind"] == cpu_kind(cpu_flags())
+    assert machine_facts(dtype_in(["--reserved-cpus", "1", "--dtype", "float32"]))["dtype"] == "float32"
+    assert dtype_in(["--dtype=bfloat16"]) == "bfloat16" and dtype_in([]) == "auto"
