@@ -1,7 +1,7 @@
 """Where the project's data files are: the one helper for assets, prompts and shipped sweeps.
 
 Contract: ``data_path(*parts)`` is the path of a file or folder shipped beside the
-packages (``assets/``, ``prompts/``, ``docs/sweeps/``, ``traces/``), in a source
+packages (``assets/``, ``prompts/``, ``docs/sweeps/``, ``traces/``, ``cost_priors/``), in a source
 checkout or an editable install alike. Code never climbs ``Path(__file__).parent``
 chains to find them.
 """

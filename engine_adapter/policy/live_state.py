@@ -6,11 +6,14 @@ event loop, ``await engine_ready(engine, config, on_progress)`` after every
 service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
 
 - at ``engine_ready`` the cost model comes from the on-disk cache for this
-  (models, method, machine), or is measured right away: ``engine_ready``
-  returns only when it is done, so the service says ready (and takes visitors'
-  requests) only after it; ``view()`` shows the progress and the cells
-  measured so far meanwhile. Then the start policy is applied: ``default_policy``
-  ("auto" or "auction"; "configured" = the config's fixed K or K table);
+  (models, method, machine); else from a shipped prior for this CPU kind and dtype
+  (``cost_prior``), scaled to this machine by timing two cells (seconds), and from then on
+  learning from the engine's own steps every ``LEARN_S`` (``cost_learning``); else it is
+  measured right away: ``engine_ready`` returns only when it is done, so the service says
+  ready (and takes visitors' requests) only after it; ``view()`` shows the progress and the
+  cells measured so far meanwhile, and ``cost_note`` where a prior's model stands. Then the
+  start policy is applied: ``default_policy`` ("auto" or "auction"; "configured" = the
+  config's fixed K or K table);
 - ``measure`` profiles again on demand (the caller keeps visitors out while it
   runs) and puts the policy in force back afterwards; a policy chosen meanwhile
   is applied when it ends, since profiling switches K itself;
@@ -41,8 +44,10 @@ from pathlib import Path
 
 from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.policy.controller import COST_POLICIES, PolicyController, PolicySpec, PolicyState
+from engine_adapter.policy.controller import COST_POLICIES, SLOT_POLICIES, PolicyController, PolicySpec, PolicyState
+from engine_adapter.policy.cost_learning import CostLearner
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
+from engine_adapter.policy.cost_prior import ShippedPrior, find_prior, scale_prior, timing_grid
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
 from engine_adapter.policy.profiler import (
@@ -58,6 +63,7 @@ from engine_adapter.records import EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
+LEARN_S = 30.0  # seconds between two refits of a shipped prior's model from the engine's steps
 MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns toward the profile's acceptance
 START_POLICIES = ("configured", "auto", "auction")
 
@@ -70,7 +76,7 @@ class PolicyView:
     why_not: str | None
     state: PolicyState | None
     cost: CostModel | None  # while profiling: the cells measured so far, fitted
-    cost_source: str | None  # "cache" | "profiled" | "measuring" | None
+    cost_source: str | None  # "cache" | "profiled" | "shipped" | "learned" | "measuring" | None
     profiling: str | None  # progress text while profiling
     error: str | None
     applied_seq: int | None  # first engine step that ran under the policy (tap acknowledgement)
@@ -81,6 +87,8 @@ class PolicyView:
     auto_preview: AutoTable | None = None
     # seconds a new profile would keep visitors waiting (from the cost model; None: unknown)
     profile_estimate_s: float | None = None
+    # a shipped prior's model: where it came from, how it was scaled, what it learned since
+    cost_note: str | None = None
 
 
 def config_spec(config: EngineConfig) -> PolicySpec:
@@ -114,6 +122,9 @@ class LivePolicy:
         self._cache_path: Path | None = None  # its cost model's cache file (``config_cache_path``)
         self._why_not: str | None = "no engine"
         self._cost_source: str | None = None
+        self._prior_note: str | None = None  # the shipped prior and its scaling (``_start_from_prior``)
+        self._learner: CostLearner | None = None
+        self._learned_t = 0.0
         self._profiling: str | None = None
         self._measured: CostModel | None = None  # the cells measured so far, while profiling
         self._error: str | None = None
@@ -159,6 +170,8 @@ class LivePolicy:
         measured = load_cached_acceptance(self._cache_path) if ctl.cost else None
         self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED) if measured else []
         self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
+        if ctl.cost is None and (prior := find_prior(config, platform)) is not None:
+            await self._start_from_prior(prior, on_progress)
         if ctl.cost is None:
             await self._measure(on_progress)
         start = spec if self.default_policy == "configured" else PolicySpec(self.default_policy, config.k)
@@ -177,6 +190,7 @@ class LivePolicy:
         self._profiling = None
         self._measured = None
         self._pending = None
+        self._learner, self._prior_note = None, None
         self._why_not = "no engine"
 
     # --- actions ------------------------------------------------------------
@@ -258,6 +272,7 @@ class LivePolicy:
             )
             ctl.cost = cost
             self._cost_source = "profiled"
+            self._learner, self._prior_note = None, None  # measured here: the prior is set aside
             measured = PositionCounts(ctl.k_max)  # the profile's own drafts: what a later launch starts from
             measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
             self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
@@ -270,6 +285,78 @@ class LivePolicy:
         finally:
             self._profiling = None
             self._measured = None
+
+    async def _start_from_prior(
+        self, prior: ShippedPrior, on_progress: Callable[[ProfileProgress], None] | None
+    ) -> None:
+        """The shipped prior, scaled by timing ``timing_grid``'s two cells; then learning (``_learn``).
+        If the timing fails the prior goes unscaled (said on the page); if anything else fails,
+        ``controller.cost`` stays None and the caller profiles as with no prior."""
+        ctl, cfg = self.controller, self._config
+        self._profiling = "timing this machine against the shipped cost model"
+        t_start = time.monotonic()
+        try:
+            timed = await profile_engine(
+                ctl.client,
+                self._prompts,
+                ctl.k_max,
+                cfg.method == "draft",
+                grid=timing_grid(ctl.k_max),
+                progress=on_progress,
+                **self.profile_kwargs,
+            )
+            points = list(timed.points)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # the prior unscaled is still better than no model: said on the page
+            points, self._error = [], f"timing the shipped cost model failed ({e}): it is used unscaled"
+        finally:
+            self._profiling = None
+        try:
+            cost, verify, draft = scale_prior(prior.cost, points)
+            learner = CostLearner(cost, cfg.method == "draft")
+        except Exception as e:  # a broken prior: measured as if none were shipped
+            self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
+            return
+        timed_counts = PositionCounts(ctl.k_max)  # the timing's own drafts, where the prior ships none
+        timed_counts.add(s for s in self._steps_since(t_start) if s.profiling_requests)
+        acc = prior.acceptance or timed_counts
+        self._profiled = remembered_alphas([], acc.accepted, acc.reached, MIN_REACHED)
+        self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
+        self._prior_note = (
+            f"{prior.label}, scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter) by "
+            f"{len(points)} timed cells on this machine"
+        )
+        self._learner, self._learned_t = learner, time.monotonic()
+        ctl.cost, self._cost_source = cost, "shipped"
+
+    async def _learn(self) -> None:
+        """Refit the prior's model with the cells the engine's steps measured since the last refit; a
+        slot policy in force takes the new model at once (the engine holds a copy of it). A failure
+        is said on the page and ends the learning, never the policy loop."""
+        learner, ctl = self._learner, self.controller
+        since, self._learned_t = self._learned_t, time.monotonic()
+        try:
+            learned = learner.learn(self._steps_since(since - LEARN_S))  # overlap: ``learn`` counts each step once
+            if learned is None or ctl is None:
+                return
+            ctl.cost, self._cost_source = learned, "learned"
+            if ctl.state is not None and ctl.state.spec.kind in SLOT_POLICIES:
+                state = await ctl.apply(ctl.state.spec, self.alphas())
+                self.changes.append((state.t, state.spec.to_dict() | {"cost_model": "learned"}))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            self._learner, self._error = None, f"learning the cost model stopped: {e}"
+
+    def _cost_note(self) -> str | None:
+        note, learner = self._prior_note, self._learner  # read once: the service loop may clear them
+        if note is None or learner is None:
+            return note
+        cells = learner.learned_cells
+        if not cells:
+            return f"{note}; learning from the engine's steps (none complete a cell yet)"
+        return f"{note}; learned since from {learner.learned_steps:,} engine steps in {cells} cell{'s' * (cells != 1)}"
 
     async def _apply_after_profile(self, spec: PolicySpec, fallback: PolicySpec) -> None:
         self._pending = None
@@ -286,6 +373,8 @@ class LivePolicy:
             if ctl is None or self._profiling is not None or ctl.state is None:
                 continue
             self.remember_window()
+            if self._learner is not None and time.monotonic() - self._learned_t >= LEARN_S:
+                await self._learn()
             if ctl.state.spec.kind != "auto":
                 continue
             with contextlib.suppress(Exception):  # a failed send is retried next round
@@ -322,6 +411,7 @@ class LivePolicy:
             alphas=alphas,
             auto_preview=self._auto_preview(ctl, alphas) if self._profiling is None else None,
             profile_estimate_s=estimate_profile_s(ctl.cost, self._grid) if ctl and ctl.cost and self._grid else None,
+            cost_note=self._cost_note(),
         )
 
     def _auto_preview(self, ctl: PolicyController | None, alphas: list[float]) -> AutoTable | None:

@@ -178,9 +178,13 @@ def policy_status_markdown(v: PolicyView) -> str:
     if v.profiling:
         parts.append(f"◐ **Measuring the cost model:** {v.profiling}. A policy chosen now applies when it ends.")
     elif v.cost is not None:
-        source = "measured now" if v.cost_source == "profiled" else "measured earlier on this machine (cache)"
+        source = {
+            "profiled": "measured now",
+            "cache": "measured earlier on this machine (cache)",
+        }.get(v.cost_source or "", v.cost_note or "source unknown")
         parts.append(
-            f"Cost model: {source}, {len(v.cost.points)} cells, knee ≈ {v.cost.knee_tokens:.0f} tokens per step."
+            f"Cost model: {source}; {len(v.cost.points)} cells in its fit, knee ≈ {v.cost.knee_tokens:.0f} "
+            "tokens per step."
         )
         if v.profile_estimate_s is not None:
             parts.append(f"Measuring again stops visitors' requests for about {v.profile_estimate_s:.0f} s.")

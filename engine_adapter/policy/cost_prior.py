@@ -1,0 +1,167 @@
+"""Cost models shipped with the project, per CPU kind and dtype, and their scaling to this machine.
+
+Contract: a shipped prior is a JSON file in ``cost_priors_dir()`` (``cost_priors/`` beside the
+packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_key(...),
+"measured": {where and how it was measured}, "cost": CostModel.to_dict(), "acceptance":
+{"accepted": [...], "reached": [...]}}``, written by ``write_prior`` from a profile
+(``scripts/ship_cost_prior.py``).
+
+- ``prior_key(config, platform)``: what a prior must match to stand for an engine: the models by
+  name, the method, the dtype, the CPU kind (``engine_config.cpu_kind``), K's range, the cores
+  the worker leaves free, the idle drafter and the batch limit. A GPU engine has none (None).
+- ``find_prior(config, platform)``: the matching ``ShippedPrior`` (its fitted ``cost``, its
+  ``acceptance`` and a ``label`` for the page), or None.
+- ``timing_grid(k_max)``: the cells timed at start to scale a prior to this machine (one
+  request, K = min(3, k_max), then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
+  returns the prior with its verification terms scaled by the K=0 cells' measured/predicted
+  ratio and its drafter terms by what the K>0 cells leave for them (medians, each clamped to
+  ``SCALE_RANGE``), its points scaled alike, with the two factors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from engine_adapter.acceptance import PositionCounts
+from engine_adapter.engine.platform import Platform, machine_facts
+from engine_adapter.engine_config import EngineConfig, cpu_flags, cpu_kind, resolve_dtype
+from engine_adapter.package_data import data_path
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
+from engine_adapter.policy.profile_grid import ProfileGrid
+
+PRIORS_ENV = "SPEC_EXPLORER_COST_PRIORS"
+SCALE_RANGE = (0.25, 4.0)  # a machine slower or faster than this is not the prior's kind: clamped
+TIMING_K = 3
+
+
+@dataclass(frozen=True)
+class ShippedPrior:
+    cost: CostModel
+    acceptance: PositionCounts | None
+    label: str  # "AVX-512 BF16, bfloat16, measured ..." for the page
+
+
+def cost_priors_dir() -> Path:
+    override = os.environ.get(PRIORS_ENV, "").strip()
+    return Path(override) if override else data_path("cost_priors")
+
+
+def _model_name(spec: str) -> str:
+    """A model by name, not by where it lies: a folder's name, a hub id or packaged spec as given."""
+    path = Path(spec).expanduser()
+    return path.name if path.is_dir() else spec
+
+
+def prior_key(config: EngineConfig, platform: Platform) -> dict[str, Any] | None:
+    if platform.is_gpu or not config.live_policies:
+        return None
+    return {
+        "target": _model_name(config.target),
+        "draft": _model_name(config.draft) if config.method == "draft" else None,
+        "method": config.method,
+        "dtype": resolve_dtype(config.dtype, on_cpu=True),
+        "cpu_kind": cpu_kind(cpu_flags()),
+        "k_max": config.k_max,
+        "reserved_cpus": config.reserved_cpus,
+        "idle_drafter": config.drafter_idles,
+        "max_num_seqs": config.max_num_seqs,
+    }
+
+
+def find_prior(config: EngineConfig, platform: Platform, folder: Path | None = None) -> ShippedPrior | None:
+    key = prior_key(config, platform)
+    folder = folder or cost_priors_dir()
+    if key is None or not folder.is_dir():
+        return None
+    for path in sorted(folder.glob("*.json")):
+        try:
+            saved = json.loads(path.read_text())
+            if saved.get("key") != key:
+                continue
+            kept = CostModel.from_dict(saved["cost"])
+            cost = fit_cost_model(kept.points, drafter_runs_model=config.method == "draft")
+            return ShippedPrior(cost, _acceptance(saved.get("acceptance")), _label(key, saved.get("measured", {})))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return None
+
+
+def _acceptance(saved: dict | None) -> PositionCounts | None:
+    if not saved:
+        return None
+    counts = PositionCounts(len(saved["reached"]))
+    counts.accepted, counts.reached = [int(a) for a in saved["accepted"]], [int(r) for r in saved["reached"]]
+    return counts
+
+
+def _label(key: dict[str, Any], measured: dict[str, Any]) -> str:
+    where = measured.get("hardware", "a machine of that kind")
+    when = measured.get("date", "")
+    return f"shipped for {key['cpu_kind']} in {key['dtype']} (measured on {where}{', ' + when if when else ''})"
+
+
+def write_prior(
+    path: Path, config: EngineConfig, platform: Platform, cost: CostModel, acceptance: PositionCounts | None
+) -> dict[str, Any]:
+    """Write the prior a profile of ``config`` on this machine makes; returns what was written."""
+    key = prior_key(config, platform)
+    if key is None:
+        raise ValueError("a prior is for a CPU engine with live policies (k_max)")
+    facts = machine_facts(config.dtype)
+    saved = {
+        "key": key,
+        "measured": {"hardware": f"{facts['cpu']}, {facts['cores']} cores", "date": time.strftime("%Y-%m-%d")},
+        "cost": cost.to_dict(),
+        "acceptance": {"accepted": acceptance.accepted, "reached": acceptance.reached} if acceptance else None,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(saved, indent=1) + "\n")
+    return saved
+
+
+def timing_grid(k_max: int) -> ProfileGrid:
+    return ProfileGrid((1,), (min(TIMING_K, k_max), 0))
+
+
+def _ratio(new: float, old: float) -> float:
+    return new / old if old > 0 else 1.0
+
+
+def _clamp(x: float) -> float:
+    return min(max(x, SCALE_RANGE[0]), SCALE_RANGE[1])
+
+
+def scale_prior(cost: CostModel, timed: list[CostPoint]) -> tuple[CostModel, float, float]:
+    """The prior scaled to this machine by timed cells (``timing_grid``'s, or any measured ones), and
+    the verification and drafter factors: the median measured/predicted ratio of the K=0 cells, and
+    of what the K>0 cells leave for the drafter's passes; a kind of cell not timed leaves its factor at 1."""
+    plain = [
+        p.step_s / cost.fit_step_s(p.batch_size, 0) for p in timed if p.k == 0 and cost.fit_step_s(p.batch_size, 0) > 0
+    ]
+    verify = _clamp(median(plain)) if plain else 1.0
+    drafted = []
+    for p in (p for p in timed if p.k > 0):
+        predicted = cost.draft_cost_s(p.batch_size, p.k)
+        if predicted > 0:  # nothing left for the drafter: the smallest factor (clamped)
+            drafted.append(max(p.step_s - verify * cost.verify_s(p.num_tokens), 0.0) / predicted)
+    draft = _clamp(median(drafted)) if drafted else 1.0
+    scaled = replace(
+        cost,
+        base_s=cost.base_s * verify,
+        slope_s=cost.slope_s * verify,
+        draft_s=cost.draft_s * draft,
+        draft_s_per_req=cost.draft_s_per_req * draft,
+        first_s=cost.first_s * draft,
+        first_s_per_req=cost.first_s_per_req * draft,
+    )
+    points = tuple(
+        replace(p, step_s=p.step_s * _ratio(scaled.fit_step_s(p.batch_size, p.k), cost.fit_step_s(p.batch_size, p.k)))
+        for p in cost.points
+    )
+    return replace(scaled, points=points), verify, draft

