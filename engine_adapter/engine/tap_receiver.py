@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 
 import zmq
 import zmq.asyncio
@@ -83,7 +84,8 @@ def summarize(step: TapStep) -> EngineStep:
         rule=step.rule,
         requests=tuple(
             RequestInStep(
-                request_id=our_request_id(r.engine_request_id),
+                # one string per request, shared by all its rows (history keeps thousands of steps)
+                request_id=sys.intern(our_request_id(r.engine_request_id)),
                 num_drafted=r.num_drafted,
                 num_accepted=r.lossless_accepted,
                 num_emitted=len(r.emitted),

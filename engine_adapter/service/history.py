@@ -28,7 +28,7 @@ from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.records import EngineStep, PromSnapshot
 
-REQUEST_ROWS_S = 120.0  # seconds a step keeps its per-request rows
+REQUEST_ROWS_S = 60.0  # seconds a step keeps its per-request rows (the ledger reads 10 s, its share chart 60)
 
 
 class EngineHistory:

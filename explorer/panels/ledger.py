@@ -43,7 +43,7 @@ from explorer.views.ledger_view import (
 from explorer.views.live_charts import streaming
 
 LEDGER_WINDOW_S = 10.0  # seconds of steps each request's account reads
-SHARE_WINDOW_S = 120.0  # seconds the discount-share chart shows
+SHARE_WINDOW_S = 60.0  # seconds the discount-share chart shows (history.REQUEST_ROWS_S keeps them)
 SHARE_BIN_S = 5.0
 
 
