@@ -56,9 +56,12 @@ async def test_the_ledger_holds_every_request_vllm_runs_and_yours_as_it_streamed
         for rid in ids:  # only the load's requests and ours: no profiling, no stranger
             assert rid == OWN_ID or load_request_kind(rid) in ("code", "story"), rid
             assert not is_profile_request(rid)
-    # while ours ran, the load's three ran beside it (the engine's batch of 4, as vLLM counts it)
+    # while ours ran, the load ran beside it, every request of the step in its rows (the load's
+    # three all at once in most runs; a busy machine can leave one of them between two requests
+    # for all of ours, so at least two)
     ours = [s for s in steps if any(r.request_id == OWN_ID for r in s.requests)]
-    assert max(s.batch_size for s in ours) == 4 and max(len(s.requests) for s in ours) == 4
+    widest = max(ours, key=lambda s: s.batch_size)
+    assert widest.batch_size >= 3 and len(widest.requests) == widest.batch_size, widest
     rows = {r.request_id: r for r in ledger_rows(steps, plain_s, own=OWN_ID)}
     mine = rows[OWN_ID]
     assert mine.owner == "you"
