@@ -34,6 +34,7 @@ from engine_adapter.engine_config import EngineConfig, cpu_flags, cpu_kind, reso
 from engine_adapter.package_data import data_path
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.profile_grid import ProfileGrid
+from engine_adapter.policy.profiler import acceptance_from_dict, acceptance_to_dict
 
 PRIORS_ENV = "SPEC_EXPLORER_COST_PRIORS"
 SCALE_RANGE = (0.25, 4.0)  # a machine slower or faster than this is not the prior's kind: clamped
@@ -86,18 +87,14 @@ def find_prior(config: EngineConfig, platform: Platform, folder: Path | None = N
                 continue
             kept = CostModel.from_dict(saved["cost"])
             cost = fit_cost_model(kept.points, drafter_runs_model=config.method == "draft")
-            return ShippedPrior(cost, _acceptance(saved.get("acceptance")), _label(key, saved.get("measured", {})))
+            return ShippedPrior(
+                cost,
+                acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None,
+                _label(key, saved.get("measured", {})),
+            )
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
     return None
-
-
-def _acceptance(saved: dict | None) -> PositionCounts | None:
-    if not saved:
-        return None
-    counts = PositionCounts(len(saved["reached"]))
-    counts.accepted, counts.reached = [int(a) for a in saved["accepted"]], [int(r) for r in saved["reached"]]
-    return counts
 
 
 def _label(key: dict[str, Any], measured: dict[str, Any]) -> str:
@@ -118,7 +115,7 @@ def write_prior(
         "key": key,
         "measured": {"hardware": f"{facts['cpu']}, {facts['cores']} cores", "date": time.strftime("%Y-%m-%d")},
         "cost": cost.to_dict(),
-        "acceptance": {"accepted": acceptance.accepted, "reached": acceptance.reached} if acceptance else None,
+        "acceptance": acceptance_to_dict(acceptance) if acceptance else None,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(saved, indent=1) + "\n")

@@ -142,13 +142,23 @@ def load_cached(path: Path, drafter_runs_model: bool) -> CostModel | None:
         return None
 
 
+def acceptance_to_dict(counts: PositionCounts) -> dict[str, list[int]]:
+    """Per-position acceptance as kept in a file (the cost cache, a shipped prior)."""
+    return {"accepted": counts.accepted, "reached": counts.reached}
+
+
+def acceptance_from_dict(saved: dict) -> PositionCounts | None:
+    """``acceptance_to_dict``'s inverse (None when the two lists differ in length; a malformed
+    dict raises KeyError, TypeError or ValueError)."""
+    counts = PositionCounts(len(saved["reached"]))
+    counts.accepted, counts.reached = [int(a) for a in saved["accepted"]], [int(r) for r in saved["reached"]]
+    return counts if len(counts.accepted) == len(counts.reached) else None
+
+
 def load_cached_acceptance(path: Path) -> PositionCounts | None:
     """The per-position acceptance the profile at ``path`` measured (its own drafts), or None."""
     try:
-        saved = json.loads(path.read_text())[ACCEPTANCE_KEY]
-        counts = PositionCounts(len(saved["reached"]))
-        counts.accepted, counts.reached = [int(a) for a in saved["accepted"]], [int(r) for r in saved["reached"]]
-        return counts if len(counts.accepted) == len(counts.reached) else None
+        return acceptance_from_dict(json.loads(path.read_text())[ACCEPTANCE_KEY])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
 
@@ -159,7 +169,7 @@ def save_cached(path: Path, model: CostModel, acceptance: PositionCounts | None 
     they have measured any of their own."""
     saved = model.to_dict()
     if acceptance is not None:
-        saved[ACCEPTANCE_KEY] = {"accepted": acceptance.accepted, "reached": acceptance.reached}
+        saved[ACCEPTANCE_KEY] = acceptance_to_dict(acceptance)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(saved, indent=1))
