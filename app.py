@@ -1,7 +1,8 @@
 """Speculative decoding explorer: wires the engine service to the UI and launches.
 
 python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3] [--k-table JSON]
-              [--target SPEC] [--draft SPEC] [--attach URL] [--record FILE]
+              [--target SPEC] [--draft SPEC] [--variant full|int8-target|int8-pair]
+              [--attach URL] [--record FILE]
 python app.py --replay TRACE.jsonl [--replay-speed X]      # a recorded session, no engine
 
 Listening on anything but loopback (``--host 0.0.0.0``, a Space) with no presenter key, the app
@@ -18,7 +19,14 @@ import secrets
 import signal
 import sys
 
-from engine_adapter.engine_config import METHODS, EngineConfig, add_model_arguments, validate_k_table
+from engine_adapter.engine_config import (
+    FULL_VARIANT,
+    METHODS,
+    MODEL_VARIANTS,
+    EngineConfig,
+    add_model_arguments,
+    validate_k_table,
+)
 from engine_adapter.prompts import load_presets
 from engine_adapter.service.engine_service import EngineService
 
@@ -88,6 +96,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "at K=0 and the requests it skipped get no more drafts; docs/k-policies.md, 'Idle drafter')",
     )
     add_model_arguments(p)
+    p.add_argument(
+        "--variant",
+        choices=list(MODEL_VARIANTS),
+        default=FULL_VARIANT,
+        help="the pair as it is, or int8 W8A8 copies of the target (and draft), made once in the model cache",
+    )
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests the engine runs at once, at most (64)")
     p.add_argument(
         "--max-num-batched-tokens",
@@ -145,6 +159,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         k_table=k_table,
         target=args.target,
         draft=args.draft,
+        variant=args.variant,
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,

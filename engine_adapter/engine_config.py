@@ -15,6 +15,7 @@ import argparse
 import importlib.util
 import json
 from dataclasses import asdict, dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, Literal
 
 Method = Literal["off", "ngram", "draft", "suffix"]
@@ -25,6 +26,19 @@ KTable = list[tuple[int, int, int]]
 # them to the packaged copies).
 DEFAULT_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 DEFAULT_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+# model variants of the pair, variant -> (target in int8, draft in int8); the launcher makes the int8
+# copies (engine/variants.py, int8 W8A8 without calibration) the first time a variant needs them
+FULL_VARIANT = "full"
+MODEL_VARIANTS: MappingProxyType[str, tuple[bool, bool]] = MappingProxyType(
+    {FULL_VARIANT: (False, False), "int8-target": (True, False), "int8-pair": (True, True)}
+)
+VARIANT_LABELS = MappingProxyType(
+    {
+        FULL_VARIANT: "full pair (bf16/fp32)",
+        "int8-target": "int8 target, full draft",
+        "int8-pair": "int8 target and draft",
+    }
+)
 MAX_CATCH_UP_TOKENS = 4096  # the idle drafter's per-step catch-up budget, at most (tokens)
 # The chunked-prefill budget per step (tokens) when the config leaves it to the platform:
 # on CPU what vLLM 0.32's CPU build picks for the OpenAI server (``engine/arg_utils.py``,
@@ -128,6 +142,7 @@ class EngineConfig:
     k_table: KTable | None = None  # num_speculative_tokens_per_batch_size
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT
+    variant: str = FULL_VARIANT  # MODEL_VARIANTS: target and draft as they are, or int8 copies of them
     dtype: str = "auto"  # resolve_dtype: bfloat16 on CPUs with native bf16, else float32
     max_model_len: int = 4096
     max_num_seqs: int = 64
@@ -171,6 +186,8 @@ class EngineConfig:
         """This config, checked (``ValueError`` naming what is wrong), its K table in vLLM's order."""
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
+        if self.variant not in MODEL_VARIANTS:
+            raise ValueError(f"model variant must be one of {', '.join(MODEL_VARIANTS)}; got {self.variant!r}")
         if self.method == "suffix" and not suffix_available():
             raise ValueError("method 'suffix' needs the arctic-inference package (pip install arctic-inference)")
         if self.method != "off" and not 1 <= self.k <= 16:

@@ -5,6 +5,7 @@
         --out sweep.csv [--method draft] [--table JSON] [--k-max 5] [--by-category] [--reserved-cpus N]
         [--window-s 20 | --window-s 0] [--repeats N] [--steps-out STEPS.jsonl]
         [--acceptance lossless,relaxed,typical [--top-k N --delta D --epsilon E --alpha A]]
+        [--variants full,int8-target,int8-pair]
 
 Policies: ``off`` (an engine started with speculation off), ``kN`` (fixed
 K=N), ``table`` (vLLM's ``num_speculative_tokens_per_batch_size``, from
@@ -40,6 +41,15 @@ and relaxed_share (accepted drafts only the lossy rule kept). The lossless texts
 run's. draft_acceptance_rate counts relaxed drafts as accepted, as vLLM does;
 acceptance_per_position does too.
 
+With --variants (``engine/variants.py``: ``full``, ``int8-target``, ``int8-pair``) the whole sweep
+runs once per model variant, one after another (the int8 copies of --target and --draft are made
+on first use, in the model cache), and the CSV adds ``variant`` and the columns of
+``measure/variant_sweep.py``: bytes per step, plain decoding's roofline fraction (the read
+bandwidth on the worker's cores is measured before any engine starts), the speedup over the
+same variant's ``off`` and over the full pair's, what multiplying the two speedups would predict,
+and each request's agreement with the full target's greedy text; after the table, one line per
+level says how far that product overstates the measured combination. Needs ``off``.
+
 FILE is JSONL with a "prompt" per line and optionally a "category";
 --by-category measures each category on its own and adds a ``category`` column.
 
@@ -70,9 +80,14 @@ from dataclasses import asdict
 from pathlib import Path
 
 from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule, add_parameter_arguments, pop_parameters
+from engine_adapter.engine.models import resolve_model
 from engine_adapter.engine.platform import detect_platform, machine_facts
+from engine_adapter.engine.roofline import read_bandwidth_gbs, worker_cores
+from engine_adapter.engine.variants import VARIANTS, parse_variants
+from engine_adapter.engine_config import FULL_VARIANT as FULL
 from engine_adapter.engine_config import add_model_arguments, resolve_dtype
 from engine_adapter.measure.policy_sweep import SweepSettings, sweep
+from engine_adapter.measure.variant_sweep import overlap_sentences, variant_sweep
 from engine_adapter.records import SweepFileSettings
 
 
@@ -118,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--acceptance", default="lossless", help=f"acceptance rules, from {','.join(RULE_NAMES)}")
     add_parameter_arguments(p)
     add_model_arguments(p, dtype=False, max_model_len=False)
+    p.add_argument("--variants", default=FULL, help=f"model variants, from {','.join(VARIANTS)} (default: full only)")
     p.add_argument(
         "--reserved-cpus",
         type=int,
@@ -135,17 +151,31 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     params = pop_parameters(vars(args))
     try:
+        variants = parse_variants(args.variants)
         args.acceptance = [AcceptanceRule.from_dict({"name": name, **params}) for name in args.acceptance.split(",")]
-        df = asyncio.run(sweep(SweepSettings(**vars(args))))
+        settings = SweepSettings(**{k: v for k, v in vars(args).items() if k != "variants"})
+        df = asyncio.run(sweep(settings) if variants == [FULL] else _sweep_variants(settings, variants))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out, index=False)
     print(df.to_string(index=False))
+    if variants != [FULL]:
+        print("\n".join(overlap_sentences(df)))
     rows = df.astype(object).where(df.notna(), None).to_dict(orient="records")
     print(json.dumps({"settings": asdict(file_settings(args)), "rows": rows}))
     return 0
+
+
+async def _sweep_variants(settings: SweepSettings, variants: list[str]):
+    """The sweep once per model variant (``measure/variant_sweep.py``), the full pair's folders resolved."""
+    settings.target, settings.draft = str(resolve_model(settings.target)), str(resolve_model(settings.draft))
+    cores = worker_cores(settings.reserved_cpus)
+    print(f"== measuring read bandwidth on {cores} core(s)", file=sys.stderr)
+    bandwidth = read_bandwidth_gbs(cores)
+    print(f"   {bandwidth:.2f} GB/s", file=sys.stderr)
+    return await variant_sweep(settings, variants, bandwidth, resolve_dtype("auto"))
 
 
 def file_settings(args: argparse.Namespace) -> SweepFileSettings:
@@ -160,7 +190,7 @@ def file_settings(args: argparse.Namespace) -> SweepFileSettings:
     return SweepFileSettings(
         hardware=hardware,
         dtype=resolve_dtype("auto", on_cpu=not platform.is_gpu),
-        models=f"{Path(args.target).name} / {draft}",
+        models=f"{Path(args.target).name} / {draft}" + ("" if args.variants == FULL else f", variants {args.variants}"),
         method=args.method,
         max_tokens=args.max_tokens,
         date=time.strftime("%Y-%m-%d"),

@@ -47,10 +47,11 @@ import httpx
 
 from engine_adapter.engine.platform import Platform, detect_platform
 from engine_adapter.engine.resources import NotEnoughResources, check_resources
+from engine_adapter.engine.roofline import machine_bandwidth_gbs, worker_cores
 from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine.start_log import ProgressFn, StartProgress, explain_failure, milestones_seen
 from engine_adapter.engine.supervise import group_members
-from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine_config import FULL_VARIANT, EngineConfig
 from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.vllm_plugin.paths import SERVER_MODULE, STARTUP_DIR
 from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_ENV, TAP_ADDR_ENV
@@ -183,6 +184,7 @@ class EngineProcess:
         self._log = None
         self.target_dir: Path | None = None
         self.draft_dir: Path | None = None
+        self.bandwidth_gbs: float | None = None  # read bandwidth on the worker's cores (CPU; None: not known)
 
     @property
     def platform(self) -> Platform:
@@ -245,6 +247,32 @@ class EngineProcess:
         if self.config.method == "draft":
             report(StartProgress("models", 0.15, f"resolving draft model {self.config.draft}"))
             self.draft_dir = resolve(self.config.draft)
+        if self.config.variant != FULL_VARIANT:
+            self._quantised_models(report)
+
+    def _measure_bandwidth(self, report: ProgressFn) -> None:
+        """The read bandwidth on the worker's cores, for the page's roofline: measured once per machine
+        (a few seconds, before vLLM runs), then read from the model cache. A failure leaves it unknown."""
+        if self._platform.is_gpu:
+            return
+        from engine_adapter.engine.models import default_cache_dir
+
+        report(StartProgress("models", 0.28, "the machine's read bandwidth (measured once per machine)"))
+        try:
+            self.bandwidth_gbs = machine_bandwidth_gbs(worker_cores(self.config.reserved_cpus), default_cache_dir())
+        except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as e:
+            report(StartProgress("models", 0.28, f"the read bandwidth is not known: {e}"))
+
+    def _quantised_models(self, report: ProgressFn) -> None:
+        """The config's variant in place of the full models: their int8 copies, made on first use."""
+        from engine_adapter.engine.models import default_cache_dir
+        from engine_adapter.engine.variants import variant_models
+
+        report(StartProgress("models", 0.25, f"the {self.config.variant} variant (an int8 copy is made once)"))
+        target, draft = variant_models(
+            self.config.variant, self.target_dir, self.draft_dir or self.target_dir, default_cache_dir()
+        )
+        self.target_dir, self.draft_dir = target, (draft if self.draft_dir is not None else None)
 
     def start(self, progress: ProgressFn | None = None, timeout_s: float = 900) -> None:
         """``prepare`` then ``spawn``: the models ready on disk, then vLLM serving."""
@@ -258,6 +286,7 @@ class EngineProcess:
             # before a packaged model is converted onto a full disk, then with the sizes on disk
             check_resources(self.config, platform=self._platform, reserved=self.reserve_bytes)
             self._resolve_models(report)
+            self._measure_bandwidth(report)
             check_resources(
                 self.config, self.target_dir, self.draft_dir, platform=self._platform, reserved=self.reserve_bytes
             )

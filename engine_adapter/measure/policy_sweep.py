@@ -5,8 +5,9 @@ Contract: ``sweep(SweepSettings)`` starts the engines it needs (a speculation-of
 channel), profiles or reads the cost model, interleaves the policies within each level
 (where the two engines do not fit in memory together, ``fits_together``: ``off`` first on its
 engine alone, then the live policies on theirs, said on stderr) and returns the table
-``python -m engine_adapter.sweep`` writes (one row per policy, concurrency[, category]).
-Progress goes to stderr.
+``python -m engine_adapter.sweep`` writes (one row per policy, concurrency[, category]):
+``sweep_levels`` (the runs, by level) then ``sweep_frame`` (their table). ``reference_texts(runs)``
+is each prompt's lossless text at a level. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ def _frame(rows: list[dict[str, Any]], policies: list[Policy], by_category: bool
     return df.sort_values(keys + ["_p", "concurrency"], kind="stable").drop(columns="_p").reset_index(drop=True)
 
 
-def _reference(runs: dict[tuple[str, str], list[Run]]) -> dict[str, tuple[list[int], str]]:
+def reference_texts(runs: dict[tuple[str, str], list[Run]]) -> dict[str, tuple[list[int], str]]:
     """Each prompt's lossless text at the level: the speculation-off engine's (the target's own
     text) when the sweep runs ``off``, else the first lossless run's (greedy: lossless runs write
     the same text, but for ties the batch shapes of a verify step can break otherwise)."""
@@ -282,7 +283,7 @@ def _level_rows(
     settings: SweepSettings, runs: dict[tuple[str, str], list[Run]], c: int, cat: str, lossy: bool
 ) -> list[dict[str, Any]]:
     """The CSV's rows of one level (concurrency ``c``, category ``cat``): one per (policy, rule)."""
-    reference = _reference(runs)
+    reference = reference_texts(runs)
     rules = {r.name: r for r in settings.acceptance}
     categories = {p: cat for cat, ps in read_categories(settings.prompts).items() for p in ps}
     off = off_rates([x for run in runs.get(("off", LOSSLESS.name), []) for x in run.results])
@@ -301,15 +302,18 @@ def _level_rows(
     return rows
 
 
-async def sweep(settings: SweepSettings) -> pd.DataFrame:
+Levels = dict[tuple[int, str], dict[tuple[str, str], list[Run]]]
+
+
+async def sweep_levels(settings: SweepSettings) -> tuple[list[Policy], Levels]:
+    """Every run of the sweep, by level (concurrency, category) and (policy, acceptance rule)."""
     table = validate_k_table(settings.table) if settings.table else None
     policies = [parse_policy(p, table) for p in settings.policies]
-    lossy = any(r.lossy for r in settings.acceptance)
-    if lossy and LOSSLESS not in settings.acceptance:  # the texts a lossy rule is compared with
-        settings.acceptance = [LOSSLESS, *settings.acceptance]
+    if any(r.lossy for r in settings.acceptance) and LOSSLESS not in settings.acceptance:
+        settings.acceptance = [LOSSLESS, *settings.acceptance]  # the texts a lossy rule is compared with
     by_cat = read_categories(settings.prompts) if settings.by_category else {"all": read_prompts(settings.prompts)}
     base = _engine_base(settings)
-    levels: dict[tuple[int, str], dict[tuple[str, str], list[Run]]] = {}
+    levels: Levels = {}
     steps_out = settings.steps_out.open("w", encoding="utf-8") if settings.steps_out else None
     try:
         for phase in _phases(settings, policies, base):
@@ -318,5 +322,16 @@ async def sweep(settings: SweepSettings) -> pd.DataFrame:
     finally:
         if steps_out is not None:
             steps_out.close()
+    return policies, levels
+
+
+def sweep_frame(settings: SweepSettings, policies: list[Policy], levels: Levels) -> pd.DataFrame:
+    """The CSV's table of ``sweep_levels``' runs."""
+    lossy = any(r.lossy for r in settings.acceptance)
     rows = [row for (c, cat), runs in levels.items() for row in _level_rows(settings, runs, c, cat, lossy)]
     return _frame(rows, policies, settings.by_category, lossy)
+
+
+async def sweep(settings: SweepSettings) -> pd.DataFrame:
+    policies, levels = await sweep_levels(settings)
+    return sweep_frame(settings, policies, levels)

@@ -27,6 +27,7 @@ from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import POLICY_KINDS, SLOT_POLICIES, PolicyKind, PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
+from engine_adapter.service.quant_lens import LensComparison, LensPoint, LensView
 from engine_adapter.service.restart_gate import RestartTicket
 from engine_adapter.service.speedup_probe import (
     MAX_PROBE_TOKENS,
@@ -48,6 +49,9 @@ __all__ = [
     "LOCAL_VISITOR",
     "MAX_PROBE_TOKENS",
     "MAX_REPEATS",
+    "LensComparison",
+    "LensPoint",
+    "LensView",
     "LoadMix",
     "POLICY_KINDS",
     "REPLAY",
@@ -274,6 +278,7 @@ class Backend(Protocol):
     async def measure_speedup(self, repeats: int = 2, max_tokens: int = 64) -> SpeedupView: ...
     def speedup_view(self) -> SpeedupView: ...
     def speed_settings(self) -> SpeedSettings | None: ...  # what a speed figure measured now depends on
+    def quant_lens(self) -> LensView: ...  # those measurements per model variant (service.quant_lens)
 
     # --- the acceptance rule (engine-wide; status().acceptance is the one in force)
     async def set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule: ...

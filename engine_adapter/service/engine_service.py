@@ -39,7 +39,7 @@ from typing import Any
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine.launcher import StartProgress
 from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine_config import FULL_VARIANT, EngineConfig
 from engine_adapter.policy.controller import PolicySpec, PolicyState
 from engine_adapter.policy.live_state import LivePolicy, PolicyView, config_spec
 from engine_adapter.policy.profiler import ProfileProgress
@@ -64,6 +64,7 @@ from engine_adapter.service.fair_share import MAX_BACKGROUND, MAX_BACKGROUND_PER
 from engine_adapter.service.foreground import ForegroundRequests
 from engine_adapter.service.history import EngineHistory
 from engine_adapter.service.load import LoadStats
+from engine_adapter.service.quant_lens import LensMachine, LensView, QuantLens, lens_machine
 from engine_adapter.service.restart_gate import RestartGate
 from engine_adapter.service.service_loop import ServiceLoop
 from engine_adapter.service.speedup_probe import (
@@ -155,6 +156,8 @@ class EngineService:
         # live K policies and the measured cost model (engines started with k_max)
         profile_prompts = [p.prompt if isinstance(p, Preset) else p for p in self._bg_prompts]
         self.probe = SpeedupProbe()  # the speedup at this load, a presenter's measurement
+        self.lens = QuantLens()  # the probe's figures per model variant (service.quant_lens)
+        self._probe_machine: LensMachine | None = None  # the roofline of the engine the probe ran on
         self.live_policy = LivePolicy(self.steps_since, profile_prompts, **(policy_options or {}))
         self._submit(self._start_prom())
 
@@ -411,6 +414,7 @@ class EngineService:
             raise RuntimeError(f"measuring the speedup needs a live K policy in force ({view.why_not or 'not yet'})")
         prompts = probe_prompts([p for p in self._bg_prompts if isinstance(p, Preset)])
         settings = self._settings_for(engine, view.state.spec)
+        self._probe_machine = lens_machine(engine.process, self._status.config)
         run = self.probe.start(
             ProbeEngine(
                 engine.client, lambda: self._engine is engine, self.live_policy.apply, self.history.acknowledged
@@ -423,6 +427,13 @@ class EngineService:
         )
         self._tasks.append(asyncio.create_task(run))
         return self.probe.view()
+
+    def quant_lens(self) -> LensView:
+        """The speedup measurements per model variant and load, side by side (``service.quant_lens``)."""
+        if self._probe_machine is not None:
+            self.lens.take(self.probe.view(), self._probe_machine)
+        cfg, stats = self._status.config, self.background.stats()
+        return self.lens.view(cfg.variant if cfg else FULL_VARIANT, stats.in_flight if stats else 0)
 
     # --- the acceptance rule ------------------------------------------------
     async def set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule:

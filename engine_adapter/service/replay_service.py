@@ -37,7 +37,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from engine_adapter.engine_config import EngineConfig
+from engine_adapter.engine_config import FULL_VARIANT, EngineConfig
 from engine_adapter.records import EngineStep, RequestResult, Step
 from engine_adapter.service.backend import (
     REPLAY,
@@ -52,6 +52,7 @@ from engine_adapter.service.backend import (
 )
 from engine_adapter.service.fair_share import MAX_BACKGROUND
 from engine_adapter.service.load import LoadStats
+from engine_adapter.service.quant_lens import LensView
 from engine_adapter.service.speedup_probe import SpeedSettings, SpeedupView
 from engine_adapter.trace.format import SessionTrace, read_session
 
@@ -286,6 +287,10 @@ class ReplayService:
 
     async def measure_speedup(self, repeats: int = 2, max_tokens: int = 64) -> SpeedupView:
         raise RuntimeError("a replay measures nothing: it plays a recorded session")
+
+    def quant_lens(self) -> LensView:
+        cfg = self.trace.header.get("config") or {}
+        return LensView(str(cfg.get("variant") or FULL_VARIANT), self._load_at(self.position_s()))
 
     async def set_load_mix(self, kinds: Sequence[str]) -> LoadMix:
         raise RuntimeError("a replay plays its recorded load: its task mix cannot change")

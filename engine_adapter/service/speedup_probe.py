@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from engine_adapter.engine.platform import Platform
-from engine_adapter.engine_config import EngineConfig, resolve_dtype
+from engine_adapter.engine_config import FULL_VARIANT, EngineConfig, resolve_dtype
 from engine_adapter.policy.controller import PolicySpec, PolicyState
 from engine_adapter.prompts import Preset
 from engine_adapter.records import RequestResult
@@ -53,10 +53,15 @@ class SpeedSettings:
     policy: str
     concurrency: int  # background requests in flight when measured
     date: str  # YYYY-MM-DD
+    variant: str = FULL_VARIANT  # engine_config.MODEL_VARIANTS: the pair as it is, or int8 copies
+
+    def _variant_note(self) -> str:
+        return "" if self.variant == FULL_VARIANT else f" ({self.variant})"
 
     def line(self) -> str:
         return (
-            f"{self.hardware}, {self.dtype}; {self.models}; method {self.method}, policy {self.policy}; "
+            f"{self.hardware}, {self.dtype}; {self.models}{self._variant_note()}; "
+            f"method {self.method}, policy {self.policy}; "
             f"{self.concurrency} background request{'s' if self.concurrency != 1 else ''}; {self.date}"
         )
 
@@ -81,6 +86,8 @@ class SpeedupView:
     message: str = ""
     rows: tuple[SpeedupRow, ...] = ()
     settings: SpeedSettings | None = None
+    # per task kind, plain decoding's greedy token ids in the first repeat (the lens compares variants' texts)
+    plain_token_ids: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def csv(self) -> str:
         head = "task,speedup,speedup_min,speedup_max,repeats,plain_tokens_per_s,policy_tokens_per_s,settings"
@@ -142,6 +149,7 @@ def speed_settings(
         policy=policy.describe(),
         concurrency=concurrency,
         date=time.strftime("%Y-%m-%d"),
+        variant=cfg.variant,
     )
 
 
@@ -257,8 +265,12 @@ class SpeedupProbe:
                     for spec in (PLAIN, policy) if rep % 2 == 0 else (policy, PLAIN):
                         await switch(spec)
                         self._progress(f"repeat {rep + 1} of {repeats}: {preset.category}, {spec.describe()}", t0)
-                        pair[spec.kind] = decode_rate(await generate(preset.prompt, max_tokens))
+                        result = await generate(preset.prompt, max_tokens)
+                        pair[spec.kind] = decode_rate(result)
                         self._view = replace(self._view, done_runs=self._view.done_runs + 1)
+                        if spec is PLAIN and rep == 0:
+                            texts = (*self._view.plain_token_ids, (preset.category, tuple(result.token_ids)))
+                            self._view = replace(self._view, plain_token_ids=texts)
                     rates[preset.category or preset.title].append((pair[PLAIN.kind], pair[policy.kind]))
                     self._view = replace(self._view, rows=speedup_rows(rates))
         except asyncio.CancelledError:  # the engine stopped or restarted: nothing to restore

@@ -5,13 +5,14 @@ the status line (``explorer.views.status.status_markdown``, refreshed every
 second) and above it the banners: the lossy rule's (``acceptance_banner_markdown``, empty
 under vLLM's lossless rule) and the recording notice (``recording_banner_markdown``, while
 ``--record`` writes the session); ``build_settings()`` the "Engine" accordion: the presenter box
-(``explorer.panels.presenter``), the speculation method, K and an Apply that asks for a restart
-with ``config`` changed in those two (a live K policy keeps room for the chosen K; restarts
+(``explorer.panels.presenter``), the speculation method, K, the model variant (the pair, or int8
+copies of its target or of both: ``engine_config.MODEL_VARIANTS``) and an Apply that asks for a
+restart with ``config`` changed in those three (a live K policy keeps room for the chosen K; restarts
 coalesce: ``Backend.request_restart``). ``wire()`` connects them. The lines are built once per
 refresh tick for every page (``ctx.ticks``); on a public page they name no engine address or
 server path.
 
-API names: /apply (method, K) -> the answer (a restart asked for, or why not); /status -> status line;
+API names: /apply (method, K, variant) -> the answer (a restart asked for, or why not); /status -> status line;
 /acceptance_banner -> the banners. ``top_lines()`` is both, the same for every page, which
 the page's timer fetches every second from ``TOP_LINES_PATH`` (``assets/top_lines.js``), a
 route the HTTP door answers without Gradio (``explorer.request_limits``).
@@ -24,7 +25,7 @@ from types import MappingProxyType
 
 import gradio as gr
 
-from engine_adapter.engine_config import EngineConfig, available_methods
+from engine_adapter.engine_config import VARIANT_LABELS, EngineConfig, available_methods
 from engine_adapter.package_data import assets_dir
 from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
 from explorer.panels.presenter import build_presenter_box
@@ -60,13 +61,19 @@ class EnginePanel:
                 elem_id="method",
             )
             self.k = gr.Slider(1, MAX_K, value=self.config.k, step=1, label="K (num_speculative_tokens)")
+            self.variant = gr.Radio(
+                [(label, v) for v, label in VARIANT_LABELS.items()],
+                value=self.config.variant,
+                label="Model variant (int8 W8A8 copies are made once, about 20 s for the packaged target)",
+                elem_id="variant",
+            )
             self.apply_btn = gr.Button("Apply engine settings", elem_id="apply")
             self.said = gr.Markdown("", elem_id="engine-said")  # the answer to this page's last Apply
 
     def wire(self) -> None:
         self.apply_btn.click(
             self.apply,
-            [self.method, self.k],
+            [self.method, self.k, self.variant],
             self.said,
             api_name="apply",
             concurrency_id="engine",
@@ -102,10 +109,10 @@ class EnginePanel:
         with self.ctx.polls.slot() as mine:
             return self._status() if mine else self.ctx.ticks.get("status", self._status)
 
-    async def apply(self, method: str, k_value: float, request: gr.Request) -> str:
+    async def apply(self, method: str, k_value: float, variant: str | None, request: gr.Request) -> str:
         if refusal := self.ctx.refusal(request):
             return refusal
-        cfg = replace(self.config, method=method, k=int(k_value))
+        cfg = replace(self.config, method=method, k=int(k_value), variant=variant or self.config.variant)
         if cfg.live_policies:  # they stay on, with room for the chosen K
             cfg = replace(cfg, k_max=max(cfg.k_max, cfg.k))
         try:
@@ -113,7 +120,7 @@ class EnginePanel:
             ticket = await self.backend.request_restart(cfg)
         except (ValueError, RuntimeError) as e:
             return f"✕ {self.ctx.shown(str(e))}"
-        what = f"method **{cfg.method}**, K={cfg.k}"
+        what = f"method **{cfg.method}**, K={cfg.k}, {VARIANT_LABELS[cfg.variant]}"
         if ticket.behind_running:
             when = "after the restart in progress"
         else:

@@ -6,7 +6,8 @@ Contract: ``LedgerPanel(ctx)``; ``build()`` adds its components inside the enclo
 /measure_speedup, refused without the key; its table as CSV and Markdown: /speedup_table);
 ``refresh(fg, fg_steps, drawn)`` runs on the page's chart timer (``explorer.page``, API
 /charts) into ``tick_outputs``: the summary, the table and, when what they show changed, the two
-figures; ``refresh_readout(fg)`` the summary and the table only (the page's chart gate said no
+figures, and the quantisation lens (``explorer.panels.lens``); ``refresh_readout(fg)`` the
+summary and the table only (the page's chart gate said no
 redraw). What every page sees alike is built once per refresh tick (``ctx.ticks``); a page
 whose own request is running (``fg``, its request id) sees it as "your request", built for it
 alone and only while a poll slot is free. Other visitors' requests are "neighbour N": never
@@ -31,6 +32,7 @@ from engine_adapter.records import EngineStep
 from engine_adapter.service.backend import MAX_PROBE_TOKENS, MAX_REPEATS
 from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
 from explorer.panels.export import prune
+from explorer.panels.lens import LensSection
 from explorer.panels.load import plot_data
 from explorer.views.ledger_view import (
     discount_share_figure,
@@ -70,8 +72,18 @@ class LedgerPanel:
                 self.share_plot = gr.Plot(show_label=False, elem_id="discount-share")
             self.table = gr.Markdown("", elem_id="ledger-table")
             self._build_probe()
+            self.lens = LensSection(self.ctx)
+            self.lens.build()
         self.drawn = gr.State(None)
-        self.tick_outputs = [self.summary, self.table, self.probe, self.ledger_plot, self.share_plot, self.drawn]
+        self.tick_outputs = [
+            self.summary,
+            self.table,
+            self.probe,
+            self.ledger_plot,
+            self.share_plot,
+            *self.lens.outputs,
+            self.drawn,
+        ]
 
     def _build_probe(self) -> None:
         """The presenter's measurement of the speedup at this load, and its exports."""
@@ -169,6 +181,7 @@ class LedgerPanel:
             self.summary: ledger_summary_markdown(rows, jain, estimated),
             self.table: ledger_table_markdown(rows),
             self.probe: probe,
+            **self.lens.readout(),
         }
 
     def refresh_readout(self, fg: str | None) -> dict[Component, Any]:
@@ -197,6 +210,8 @@ class LedgerPanel:
                         keys["ledger"] = drawn.get("ledger")
         if keys["share"] != drawn.get("share"):
             shown[self.share_plot] = self.ctx.ticks.get(("share", keys["share"]), self._share_figure)
+        lens_shown, keys["lens"] = self.lens.figure(drawn.get("lens"))
+        shown |= lens_shown
         if keys != drawn:
             shown[self.drawn] = keys
         return shown

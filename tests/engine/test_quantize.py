@@ -5,6 +5,8 @@ int8 target's text with speculation off; the agreement with the full target is r
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -13,6 +15,7 @@ from safetensors.torch import load_file
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.quantize import LINEAR, QMAX, W8A8_CONFIG, quantize_int8, quantize_rows
+from engine_adapter.engine.variants import parse_variants, variant_models
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 from tests.support.fixtures import tiny_config
 
@@ -84,3 +87,22 @@ async def test_vllm_serves_an_int8_pair_with_speculation(tiny, int8_family):
     assert texts["int8 draft"] == texts["int8 off"], "speculation changed the int8 target's greedy text"
     agree = sum(a == b for a, b in zip(texts["int8 off"], texts["full off"]))
     print(f"int8 target's greedy text equals the full target's for {agree} of {len(PROMPTS)} prompts")
+
+
+def test_a_variant_makes_its_int8_copy_once_and_again_when_the_source_changes(tiny, tmp_path):
+    source = tmp_path / "target"
+    shutil.copytree(tiny.target, source)
+    target, draft = variant_models("int8-target", source, tiny.close, tmp_path / "cache")
+    assert draft == tiny.close  # the full draft, as it is
+    assert target == tmp_path / "cache" / "target-int8"
+    assert "quantization_config" in json.loads((target / "config.json").read_text())
+    made = (target / "model.safetensors").stat().st_mtime_ns
+    assert variant_models("int8-target", source, tiny.close, tmp_path / "cache")[0] == target
+    assert (target / "model.safetensors").stat().st_mtime_ns == made  # kept, not made again
+    weights = source / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # the source changed
+    variant_models("int8-target", source, tiny.close, tmp_path / "cache")
+    assert (target / "model.safetensors").stat().st_mtime_ns != made
+    assert variant_models("full", source, tiny.close, tmp_path / "cache") == (source, tiny.close)
+    with pytest.raises(ValueError, match="unknown model variant int4"):
+        parse_variants("full,int4")

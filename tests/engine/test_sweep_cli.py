@@ -13,6 +13,7 @@ import pytest
 from engine_adapter.engine.resources import MEM_ENV
 from engine_adapter.measure.lossy_quality import LOSSY_COLUMNS
 from engine_adapter.measure.sweep_runs import COLUMNS, EXTRA_COLUMNS
+from engine_adapter.measure.variant_sweep import VARIANT_COLUMNS
 from engine_adapter.package_data import PROJECT_ROOT
 
 ROOT = PROJECT_ROOT
@@ -177,3 +178,40 @@ def test_engines_that_do_not_fit_together_run_one_after_the_other(tiny, tmp_path
     assert set(by) == {"off", "k3"}
     assert float(by["k3"]["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
     assert float(by["k3"]["speedup_median"]) > 0  # each request against off's rate, measured before
+
+
+def test_variants_run_the_sweep_once_per_model_variant(tiny, tmp_path):
+    """--variants full,int8-pair: the sweep runs on the tiny pair, then on its int8 copies (made in
+    the model cache); the CSV says each row's variant, bytes per step, roofline fraction, speedups,
+    the naive product and the agreement with the full target's greedy text."""
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
+    out = tmp_path / "sweep.csv"
+    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "off,k2"]
+    cmd += ["--prompts", str(prompts), "--max-tokens", "16", "--min-requests", "2", "--window-s", "0"]
+    cmd += ["--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
+    cmd += ["--variants", "full,int8-pair"]
+    env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0].keys()) == ["variant", *COLUMNS, *EXTRA_COLUMNS, *VARIANT_COLUMNS]
+    by = {(r["variant"], r["policy"]): r for r in rows}
+    assert list(by) == [("full", "off"), ("full", "k2"), ("int8-pair", "off"), ("int8-pair", "k2")]
+    assert (tmp_path / "cache" / f"{tiny.target.name}-int8" / "config.json").is_file()
+    assert float(by[("int8-pair", "off")]["bytes_per_step"]) < float(by[("full", "off")]["bytes_per_step"])
+    for variant in ("full", "int8-pair"):
+        assert 0 < float(by[(variant, "off")]["roofline_fraction"])
+        assert by[(variant, "k2")]["roofline_fraction"] == ""  # plain decoding's figure only
+        assert float(by[(variant, "k2")]["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
+        assert float(by[(variant, "off")]["speedup_over_off"]) == pytest.approx(1.0)
+    assert float(by[("full", "off")]["agreement_with_full"]) == 1.0  # the reference itself
+    assert float(by[("full", "k2")]["agreement_with_full"]) == 1.0  # greedy speculation is lossless
+    assert 0 < float(by[("int8-pair", "off")]["agreement_with_full"]) <= 1.0
+    quantised = by[("int8-pair", "k2")]
+    off_gain = float(by[("int8-pair", "off")]["speedup_over_full_off"])
+    spec_gain = float(by[("full", "k2")]["speedup_over_off"])
+    assert float(quantised["naive_product"]) == pytest.approx(off_gain * spec_gain, rel=0.01)
+    assert by[("full", "k2")]["naive_product"] == "" and by[("int8-pair", "off")]["naive_product"] == ""
+    assert "c=1, int8-pair + k2: product" in done.stdout and "overstates it by" in done.stdout
+    assert "variants full,int8-pair" in json.loads(done.stdout.strip().splitlines()[-1])["settings"]["models"]

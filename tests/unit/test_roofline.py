@@ -4,7 +4,9 @@ by ``python -m engine_adapter.bench``, not here: a unit test must not time the m
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 
 import pytest
 
@@ -90,3 +92,35 @@ def test_bytes_read_per_step_leave_out_an_untied_input_embedding(tmp_path, confi
         f.truncate(file_bytes)  # a sparse file: its size, no disk
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert bytes_read_per_step(tmp_path, dtype) == per_step
+
+
+def _safetensors(path, tensors: dict[str, tuple[str, list[int]]]) -> None:
+    """A safetensors file whose header lists these (dtype, shape) tensors (data left as zeros)."""
+    sizes = {"I8": 1, "BF16": 2, "F32": 4}
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = sizes[dtype] * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + bytes(offset))
+
+
+@pytest.mark.parametrize("dtype, per_float", [("bfloat16", 2), ("float32", 4)])
+def test_a_quantised_checkpoint_counts_int8_tensors_at_one_byte(tmp_path, dtype, per_float):
+    """int8 weights stay one byte a value whatever the dtype; scales, norms and the head take ``dtype``;
+    an untied input embedding is left out (one row per token)."""
+    _safetensors(
+        tmp_path / "model.safetensors",
+        {
+            "model.layers.0.mlp.up_proj.weight": ("I8", [64, 32]),
+            "model.layers.0.mlp.up_proj.weight_scale": ("F32", [64, 1]),
+            "model.norm.weight": ("BF16", [32]),
+            "lm_head.weight": ("BF16", [100, 32]),
+            "model.embed_tokens.weight": ("BF16", [100, 32]),
+        },
+    )
+    config = {"tie_word_embeddings": False, "vocab_size": 100, "hidden_size": 32, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config | {"quantization_config": {"format": "int-quantized"}}))
+    floats = 64 + 32 + 100 * 32  # scales, norm, head
+    assert bytes_read_per_step(tmp_path, dtype) == 64 * 32 + floats * per_float
