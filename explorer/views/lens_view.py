@@ -108,6 +108,8 @@ def lens_figure(view: LensView) -> go.Figure:
     title = "Speedups over the full pair's plain decoding: multiplied, and measured together"
     if not view.comparisons:
         title = "No comparison yet: measure the full pair and an int8 variant at the same load"
+    top = max((y for ys in series.values() for y in ys), default=1.0)
+    fig.update_yaxes(range=[0, max(1.2, top * 1.18)])  # room for the labels above the bars
     fig.update_layout(
         title=dict(text=title, font=dict(size=13)),
         barmode="group",

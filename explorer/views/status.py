@@ -27,6 +27,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
+from engine_adapter.engine_config import FULL_VARIANT, VARIANT_LABELS
 from engine_adapter.service.backend import Backend, RecordingStatus, ReplayInfo, ServiceStatus, StartTimes
 
 if TYPE_CHECKING:
@@ -93,9 +94,11 @@ def _config_text(st: ServiceStatus, policy: PolicyView | None) -> str:
         return "attached server"
     if cfg is None:
         return ""
+    variant = "" if cfg.variant == FULL_VARIANT else f", **{VARIANT_LABELS.get(cfg.variant, cfg.variant)}**"
     if policy is not None and policy.available and policy.state is not None:
-        return f"method **{cfg.method}**, K policy **{policy.state.spec.describe()}** (K up to {policy.k_max})"
-    return f"method **{cfg.method}**, K={cfg.k}" + (f", K table {cfg.k_table}" if cfg.k_table else "")
+        policy_text = f"K policy **{policy.state.spec.describe()}** (K up to {policy.k_max})"
+        return f"method **{cfg.method}**{variant}, {policy_text}"
+    return f"method **{cfg.method}**{variant}, K={cfg.k}" + (f", K table {cfg.k_table}" if cfg.k_table else "")
 
 
 def _started_text(started: StartTimes | None) -> str:

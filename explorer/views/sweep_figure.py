@@ -7,8 +7,9 @@ file or table beyond ``MAX_SWEEP_BYTES``, ``MAX_SWEEP_ROWS``, ``MAX_SWEEP_COLUMN
 ``sweep_figure(df)`` plots, per policy, total tokens/s divided by the
 ``off`` policy's at the same concurrency (and category) when ``off`` was
 measured, else absolute tokens/s; one panel per task category when the CSV
-has a ``category`` column. ``show(path)`` is the (message, figure, table) a
-panel shows for one CSV, with a clear message for a bad file.
+has a ``category`` column. In a sweep over model variants (a ``variant`` column) each variant's
+policies are lines of their own ("int8-pair auto"), over the full pair's ``off``.
+``show(path)`` is the (message, figure, table) a panel shows for one CSV, with a clear message for a bad file.
 ``shipped_sweeps(sweep_dir)`` (``sweep_dir`` = ``package_data.sweeps_dir()``)
 orders them as ``docs/sweeps/index.json`` lists them (a list of ``{"file",
 "about", "settings"}``; the first is the sweep of record, shown by default), then any CSV
@@ -26,6 +27,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from engine_adapter.engine_config import FULL_VARIANT
 from engine_adapter.records import SWEEP_COLUMNS, SweepFileSettings
 
 REQUIRED = SWEEP_COLUMNS
@@ -103,6 +105,9 @@ def read_sweep(path: str | Path) -> pd.DataFrame:
     if "acceptance" in df.columns:  # a sweep of acceptance rules: each (policy, lossy rule) is a line of its own
         lossy = df["acceptance"].fillna("lossless") != "lossless"
         df.loc[lossy, "policy"] = df.loc[lossy, "policy"] + " " + df.loc[lossy, "acceptance"]
+    if "variant" in df.columns:  # a sweep over model variants: each (variant, policy) is a line, over the full off
+        other = df["variant"].fillna(FULL_VARIANT) != FULL_VARIANT
+        df.loc[other, "policy"] = df.loc[other, "variant"] + " " + df.loc[other, "policy"]
     return df
 
 
