@@ -6,7 +6,7 @@ The launch is a stand-in that records its calls (a real twin starts in tests/ui/
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -56,6 +56,11 @@ def test_the_twin_runs_the_target_with_speculation_off_and_a_small_cache():
     cfg = twin_config(MAIN)
     assert cfg.method == "off" and cfg.k_max is None and cfg.k_table is None and cfg.kv_cache_gib == 1
     assert cfg.target == MAIN.target
+
+
+def test_the_twin_of_a_quantised_engine_runs_the_same_quantised_target():
+    """The lossless check compares with the target that runs: an int8 engine's twin is int8 too."""
+    assert twin_config(replace(MAIN, variant="int8-pair")).variant == "int8-pair"
 
 
 def test_a_visitor_may_not_start_it_and_is_told_why():
