@@ -153,6 +153,38 @@ class Settings:
     drop_events: list[str]
     request_timeout_s: float
     ready_timeout_s: float
+    app_pid: int | None = None  # the app's process: its CPU, its engine's and the browser's per level
+
+
+def cpu_seconds(app_pid: int | None) -> dict[str, dict[int, float]]:
+    """CPU seconds so far of the app's own process, the engine it started (its descendants) and the
+    browser (every chromium process: the one this script drives), per process."""
+    groups: dict[str, list[psutil.Process]] = {"app": [], "engine": [], "browser": []}
+    if app_pid is not None:
+        try:
+            app = psutil.Process(app_pid)
+            groups["app"], groups["engine"] = [app], app.children(recursive=True)
+        except psutil.Error:
+            pass
+    groups["browser"] = [p for p in psutil.process_iter(["name"]) if "chrom" in (p.info["name"] or "").lower()]
+    out: dict[str, dict[int, float]] = {}
+    for name, procs in groups.items():
+        out[name] = {}
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+                out[name][proc.pid] = times.user + times.system
+            except psutil.Error:
+                pass
+    return out
+
+
+def cpu_cores(before: dict[str, dict[int, float]], after: dict[str, dict[int, float]], wall_s: float) -> dict:
+    """Cores each group used between two ``cpu_seconds`` (a process that ended in between is not counted)."""
+    return {
+        name: round(sum(t - before.get(name, {}).get(pid, 0.0) for pid, t in now.items()) / wall_s, 3)
+        for name, now in after.items()
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -294,6 +326,7 @@ class Session:
         self.page.wait_for_timeout(self.s.settle_s * 1000)
         start_ms = self.page.evaluate(PAGE_NOW_JS)
         cpu_before = psutil.cpu_times()
+        procs_before, t_before = cpu_seconds(self.s.app_pid), time.monotonic()
         seen: list[StepSeen] = []
         expected = 0
         for _ in range(self.s.requests):
@@ -307,6 +340,7 @@ class Session:
             self.page.wait_for_timeout(left_ms)
         end_ms = self.page.evaluate(PAGE_NOW_JS)
         steal = steal_share(cpu_before, psutil.cpu_times())
+        cores = cpu_cores(procs_before, cpu_seconds(self.s.app_pid), time.monotonic() - t_before)
         charts = self.page.evaluate("() => window.__uiLatency.charts")
         long_tasks = [tuple(x) for x in self.page.evaluate("() => window.__uiLatency.long")]
         seen_running = max(x for x in (running, now_running, 0) if x is not None)
@@ -323,6 +357,7 @@ class Session:
             bg_rate,
             long_tasks,
             steal,
+            cores,
         )
 
 
@@ -476,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         wait_serving(app, args.ready_timeout_s)
         started = descendants(app.proc.pid)
+        settings.app_pid = app.proc.pid
         results, extra = measure(app.url, settings)
     finally:
         signal.alarm(0)

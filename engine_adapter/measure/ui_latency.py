@@ -81,6 +81,8 @@ class LevelResult:
     long_tasks: int | None = None
     long_task_share: float | None = None  # their summed time over the window's, 0..1
     cpu_steal_share: float | None = None  # the machine's CPU time stolen by its hypervisor in the level, 0..1
+    # cores used in the level by the app's own process, the engine it started and the browser
+    cpu_cores: dict[str, float] | None = None
 
     @property
     def total_tokens_per_s(self) -> float | None:
@@ -194,6 +196,7 @@ def summarise_level(
     background_tokens_per_s: float | None = None,
     long_tasks_ms: Sequence[tuple[float, float]] | None = None,
     cpu_steal_share: float | None = None,
+    cpu_cores: dict[str, float] | None = None,
 ) -> LevelResult:
     steps = step_latencies(seen, offset_s)
     lat = [s.latency_ms for s in steps]
@@ -220,6 +223,7 @@ def summarise_level(
         long_tasks=busy[0],
         long_task_share=busy[1],
         cpu_steal_share=cpu_steal_share,
+        cpu_cores=cpu_cores,
     )
 
 
@@ -231,10 +235,16 @@ def _rate(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
+def _cores(cores: dict[str, float] | None) -> str:
+    if not cores:
+        return "-"
+    return "/".join(f"{cores.get(k, 0.0):.2f}" for k in ("app", "engine", "browser"))
+
+
 def table(results: Sequence[LevelResult]) -> str:
     head = (
         "load  running  requests  steps (of)  p50 ms  p95 ms  max ms  net p50  net p95  chart/s  max gap ms"
-        "  fg tok/s  bg tok/s  total tok/s  busy  steal"
+        "  fg tok/s  bg tok/s  total tok/s  busy  steal  cores app/engine/browser"
     )
     rows = [
         f"{r.load:>4}  {r.running_in_engine if r.running_in_engine is not None else '-':>7}  {r.requests:>8}  "
@@ -244,6 +254,7 @@ def table(results: Sequence[LevelResult]) -> str:
         f"  {_rate(r.total_tokens_per_s):>11}"
         f"  {'-' if r.long_task_share is None else f'{r.long_task_share:.2f}':>4}"
         f"  {'-' if r.cpu_steal_share is None else f'{r.cpu_steal_share:.2f}':>5}"
+        f"  {_cores(r.cpu_cores)}"
         for r in results
     ]
     return "\n".join([head, *rows])

@@ -3,7 +3,8 @@
 ``SHOTS``: where screenshots go (look at them after a run); ``CHROMIUM``: the browser's path or
 None; ``drag_slider(page, value)`` drags the load slider's thumb with the mouse;
 ``showing(page, selector)`` makes a Playwright wait that times out say what ``selector`` showed;
-``edit_cell(page, selector, text)`` types ``text`` into a table cell as a person does.
+``edit_cell(page, selector, text)`` types ``text`` into a table cell as a person does;
+``start_speedup_measurement(page, repeats, tokens)`` starts the presenter's speed measurement.
 """
 
 from __future__ import annotations
@@ -75,3 +76,13 @@ def edit_cell(page, selector: str, text: str, tries: int = 3) -> None:
         except PlaywrightTimeout:
             shown = cell.inner_text()
     raise AssertionError(f"cell {selector} shows {shown!r} after {tries} edits to {text!r}")
+
+
+def start_speedup_measurement(page, repeats: int = 1, tokens: int = 16) -> None:
+    """Set the speed measurement's repeats and tokens per request, press Measure, see it start."""
+    for selector, value in (("#probe-repeats", repeats), ("#probe-tokens", tokens)):
+        page.locator(f"{selector} input[type=number]").fill(str(value))
+        page.locator(f"{selector} input[type=number]").press("Enter")
+    page.locator("#probe").click()
+    with showing(page, "#probe-said"):
+        page.wait_for_selector("#probe-said:has-text('Started')", timeout=30_000)

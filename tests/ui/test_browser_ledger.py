@@ -10,7 +10,7 @@ import re
 import pytest
 
 from tests.support.app_process import CHROMIUM_ARGS
-from tests.support.browser import CHROMIUM, SHOTS, drag_slider, showing
+from tests.support.browser import CHROMIUM, SHOTS, drag_slider, showing, start_speedup_measurement
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -73,13 +73,7 @@ def test_the_equal_allocation_switches_live(page):
 
 
 def test_the_speedup_at_this_load_is_measured_from_the_page(page):
-    page.locator("#probe-repeats input[type=number]").fill("1")
-    page.locator("#probe-repeats input[type=number]").press("Enter")
-    page.locator("#probe-tokens input[type=number]").fill("16")
-    page.locator("#probe-tokens input[type=number]").press("Enter")
-    page.locator("#probe").click()
-    with showing(page, "#probe-said"):
-        page.wait_for_selector("#probe-said:has-text('Started')", timeout=30_000)
+    start_speedup_measurement(page, repeats=1, tokens=16)
     with showing(page, "#lossy-banner"):  # every page says a measurement runs
         page.wait_for_selector("#lossy-banner:has-text('A speed measurement is running')", timeout=30_000)
     with showing(page, "#probe-table"):

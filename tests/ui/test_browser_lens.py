@@ -11,7 +11,7 @@ import re
 import pytest
 
 from tests.support.app_process import CHROMIUM_ARGS, AppNotReady, start_app, tiny_app_args, wait_ready
-from tests.support.browser import CHROMIUM, SHOTS, showing
+from tests.support.browser import CHROMIUM, SHOTS, showing, start_speedup_measurement
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -35,13 +35,7 @@ def lens_app(tiny, tmp_path_factory):
 
 def measure(page, settings: str) -> None:
     """The speedup at this load, measured from the page, until its table names ``settings``."""
-    page.locator("#probe-repeats input[type=number]").fill("1")
-    page.locator("#probe-repeats input[type=number]").press("Enter")
-    page.locator("#probe-tokens input[type=number]").fill("16")
-    page.locator("#probe-tokens input[type=number]").press("Enter")
-    page.locator("#probe").click()
-    with showing(page, "#probe-said"):
-        page.wait_for_selector("#probe-said:has-text('Started')", timeout=30_000)
+    start_speedup_measurement(page, repeats=1, tokens=16)
     with showing(page, "#probe-table"):
         page.wait_for_function(
             "s => { const t = document.querySelector('#probe-table').innerText;"
