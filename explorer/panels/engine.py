@@ -25,7 +25,7 @@ from types import MappingProxyType
 
 import gradio as gr
 
-from engine_adapter.engine_config import VARIANT_LABELS, EngineConfig, available_methods
+from engine_adapter.engine_config import FULL_VARIANT, VARIANT_LABELS, EngineConfig, available_methods
 from engine_adapter.package_data import assets_dir
 from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
 from explorer.panels.presenter import build_presenter_box
@@ -126,7 +126,12 @@ class EnginePanel:
         else:
             when = f"in {ticket.due_in_s:.0f} s"
         replaced = " It replaces the restart asked for before it." if ticket.replaced else ""
+        status = self.backend.status()
+        took = f" The last start took {status.started.total_s:.0f} s to ready." if status.started else ""
+        running = status.config.variant if status.config else cfg.variant
+        if cfg.variant not in (running, FULL_VARIANT):
+            took += " A first switch to an int8 variant also makes its copies (about 20 s for the packaged target)."
         return (
-            f"Restart asked for ({what}): it starts {when}; another Apply before then replaces it.{replaced} "
+            f"Restart asked for ({what}): it starts {when}; another Apply before then replaces it.{replaced}{took} "
             "The status line above shows its progress."
         )

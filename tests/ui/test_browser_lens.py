@@ -61,7 +61,8 @@ def test_the_lens_compares_the_full_pair_with_the_int8_pair(lens_app):
         page.locator("#apply").click()
         with showing(page, "#engine-said"):
             page.wait_for_selector("#engine-said:has-text('Restart asked for')", timeout=30_000)
-        assert "int8 target and draft" in page.locator("#engine-said").inner_text()
+        said = page.locator("#engine-said").inner_text()
+        assert "int8 target and draft" in said and re.search(r"The last start took \d+ s to ready", said), said
         page.wait_for_selector("#engine-status:has-text('int8 target and draft')", timeout=300_000)
         page.wait_for_selector("#engine-status:has-text('● Engine ready')", timeout=300_000)
         measure(page, "target / close (int8-pair)")
