@@ -53,9 +53,11 @@ def lens_machine(process: Any, config: EngineConfig | None) -> LensMachine | Non
 class LensPoint:
     variant: str
     load: int  # background requests in flight when measured
-    plain_tokens_per_s: float  # per request, the mean over task kinds of the probe's medians
+    # per request, the median over task kinds of the probe's medians (a kind whose short answer
+    # read an outlying decode rate moves a mean, not the median)
+    plain_tokens_per_s: float
     policy_tokens_per_s: float
-    speedup: float  # the mean over task kinds of the probe's median speedups
+    speedup: float  # the median over task kinds of the probe's median speedups
     bytes_per_step: int
     roofline_tokens_per_s: float | None  # per request: bandwidth / bytes per step
     settings: str  # the probe's settings line
@@ -122,14 +124,14 @@ class QuantLens:
                 return None
             self._last = view
         s = view.settings
-        plain = statistics.mean(r.plain_tokens_per_s for r in view.rows)
+        plain = statistics.median(r.plain_tokens_per_s for r in view.rows)
         roof = machine.bandwidth_gbs * 1e9 / machine.bytes_per_step if machine.bandwidth_gbs else None
         point = LensPoint(
             variant=s.variant,
             load=s.concurrency,
             plain_tokens_per_s=plain,
-            policy_tokens_per_s=statistics.mean(r.policy_tokens_per_s for r in view.rows),
-            speedup=statistics.mean(r.speedup for r in view.rows),
+            policy_tokens_per_s=statistics.median(r.policy_tokens_per_s for r in view.rows),
+            speedup=statistics.median(r.speedup for r in view.rows),
             bytes_per_step=machine.bytes_per_step,
             roofline_tokens_per_s=roof,
             settings=s.line(),

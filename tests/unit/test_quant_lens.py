@@ -63,3 +63,14 @@ def test_no_measurement_says_so():
     view = QuantLens().view("full", 0)
     assert "No measurement yet" in lens_markdown(view)
     assert "No comparison yet" in lens_figure(view).layout.title.text
+
+
+def test_a_kind_with_an_outlying_rate_does_not_move_the_point():
+    """A short answer's decode rate can read far off (two tokens close together): the median over kinds."""
+    settings = SpeedSettings("a CPU, 2 cores", "bfloat16", "t / d", "draft", "auto table", 0, "day", "full")
+    rows = tuple(
+        SpeedupRow(kind, policy / plain, policy / plain, policy / plain, 1, plain, policy)
+        for kind, plain, policy in (("code", 4.0, 8.0), ("math", 5.0, 9.0), ("qa", 400.0, 500.0))
+    )
+    point = QuantLens().take(SpeedupView("done", 6, 6, None, "done", rows, settings), MACHINE)
+    assert (point.plain_tokens_per_s, point.policy_tokens_per_s, point.speedup) == (5.0, 9.0, 1.8)
