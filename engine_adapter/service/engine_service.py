@@ -417,7 +417,10 @@ class EngineService:
         self._probe_machine = lens_machine(engine.process, self._status.config)
         run = self.probe.start(
             ProbeEngine(
-                engine.client, lambda: self._engine is engine, self.live_policy.apply, self.history.acknowledged
+                engine.client,
+                lambda: self._engine is engine,
+                self.live_policy.apply,
+                lambda control: self.history.acknowledged(control, idle=lambda: engine.client.in_flight == 0),
             ),
             view.state.spec,
             prompts,

@@ -76,9 +76,13 @@ class EngineHistory:
                     while len(self._prom) > self.history_s:
                         self._prom.popleft()
 
-    async def acknowledged(self, control: int, timeout_s: float = 10.0) -> None:
-        """Until a step ran under control command ``control`` (``EngineStep.controls``); an idle
-        engine runs no step: at most ``timeout_s``, and its next step runs under it."""
+    async def acknowledged(self, control: int, timeout_s: float = 10.0, idle: Callable[[], bool] | None = None) -> None:
+        """Until a step ran under control command ``control`` (``EngineStep.controls``). An idle engine
+        runs no step, and its next one runs under the command (the scheduler drains the control
+        channel before it schedules): with ``idle()`` true (no request in flight) at once, else at
+        most ``timeout_s``."""
+        if idle is not None and idle():
+            return
         since = time.monotonic() - 1.0
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -13,6 +13,7 @@ import pytest
 from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.prompts import Preset
 from engine_adapter.records import RequestResult
+from engine_adapter.service.history import EngineHistory
 from engine_adapter.service.speedup_probe import (
     ProbeEngine,
     SpeedSettings,
@@ -138,3 +139,14 @@ def test_the_engine_wrapper_stops_once_the_engine_changed() -> None:
     gone = ProbeEngine(client=None, still_running=lambda: False, apply=never, acknowledged=never)
     with pytest.raises(RuntimeError, match="engine restarted"):
         asyncio.run(gone.switch(AUTO))
+
+
+async def test_an_idle_engine_takes_a_policy_switch_at_once():
+    """With no request in flight the engine's next step runs under the command: no waiting for a step
+    that would never come (each of a measurement's switches at load 0 waited 10 s before)."""
+    history = EngineHistory()
+    t0 = time.monotonic()
+    await history.acknowledged(3, timeout_s=5.0, idle=lambda: True)
+    assert time.monotonic() - t0 < 0.5
+    await history.acknowledged(3, timeout_s=0.3, idle=lambda: False)  # busy and no step under it: the timeout
+    assert time.monotonic() - t0 >= 0.3
