@@ -39,6 +39,14 @@ VARIANT_LABELS = MappingProxyType(
         "int8-pair": "int8 target and draft",
     }
 )
+
+
+def variant_key(variant: str) -> dict[str, str]:
+    """A model variant as an entry of a cost-model key: none for the full pair (the shipped priors'
+    keys name no variant, and a cache file of the full pair keeps its name)."""
+    return {} if variant == FULL_VARIANT else {"variant": variant}
+
+
 MAX_CATCH_UP_TOKENS = 4096  # the idle drafter's per-step catch-up budget, at most (tokens)
 # The chunked-prefill budget per step (tokens) when the config leaves it to the platform:
 # on CPU what vLLM 0.32's CPU build picks for the OpenAI server (``engine/arg_utils.py``,

@@ -1,9 +1,10 @@
 """The sweep over model variants: the same policies and levels on the full pair, an int8 target
 and an int8 pair (``engine.variants``), one variant's engines after another.
 
-Contract: ``variant_sweep(settings, variants, bandwidth_gbs)`` runs ``policy_sweep.sweep_levels``
-once per variant (``settings``' target and draft are the full pair's folders; the int8 copies are
-made on first use, in the model cache) and returns one table: ``variant`` first, then the sweep's columns, then
+Contract: ``variant_sweep(settings, variants, bandwidth_gbs, dtype)`` runs
+``policy_sweep.sweep_levels`` once per variant (``settings``' target and draft are the full
+pair's folders; the int8 copies are made on first use, in the model cache; ``dtype`` is the
+engines') and returns one table: ``variant`` first, then the sweep's columns, then
 ``VARIANT_COLUMNS``:
 
 - ``bytes_per_step``: what one plain decode step of the variant's target reads (GB);
@@ -36,6 +37,7 @@ from engine_adapter.engine.roofline import bytes_read_per_step, roofline_tokens_
 from engine_adapter.engine.variants import variant_models
 from engine_adapter.engine_config import FULL_VARIANT as FULL
 from engine_adapter.measure.policy_sweep import Levels, SweepSettings, reference_texts, sweep_frame, sweep_levels
+from engine_adapter.measure.sweep_runs import Policy
 from engine_adapter.provenance import text_agreement
 
 VARIANT_COLUMNS = [
@@ -67,9 +69,8 @@ def _agreement(levels: Levels, full_levels: Levels) -> dict[tuple[int, str, str]
 
 
 def _variant_frame(
-    settings: SweepSettings, variant: str, levels_and_policies: tuple, full_levels: Levels, dtype: str
+    settings: SweepSettings, variant: str, policies: list[Policy], levels: Levels, full_levels: Levels, dtype: str
 ) -> pd.DataFrame:
-    policies, levels = levels_and_policies
     df = sweep_frame(settings, policies, levels)
     df.insert(0, "variant", variant)
     df["bytes_per_step"] = round(bytes_read_per_step(Path(settings.target), dtype) / 1e9, 3)
@@ -122,7 +123,7 @@ async def variant_sweep(settings: SweepSettings, variants: list[str], bandwidth_
         mine = dataclasses.replace(settings, target=str(target), draft=str(draft))
         policies, levels = await sweep_levels(mine)
         full_levels = levels if variant == FULL else full_levels
-        frames.append(_variant_frame(mine, variant, (policies, levels), full_levels or {}, dtype))
+        frames.append(_variant_frame(mine, variant, policies, levels, full_levels or {}, dtype))
     df = pd.concat(frames, ignore_index=True)
     return _add_ratios(df, bandwidth_gbs)
 

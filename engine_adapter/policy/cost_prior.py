@@ -30,7 +30,7 @@ from typing import Any
 
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine.platform import Platform, machine_facts
-from engine_adapter.engine_config import FULL_VARIANT, EngineConfig, cpu_flags, cpu_kind, resolve_dtype
+from engine_adapter.engine_config import EngineConfig, cpu_flags, cpu_kind, resolve_dtype, variant_key
 from engine_adapter.package_data import data_path
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.profile_grid import ProfileGrid
@@ -62,8 +62,7 @@ def _model_name(spec: str) -> str:
 def prior_key(config: EngineConfig, platform: Platform) -> dict[str, Any] | None:
     if platform.is_gpu or not config.live_policies:
         return None
-    variant = {} if config.variant == FULL_VARIANT else {"variant": config.variant}  # shipped keys have none
-    return variant | {
+    return variant_key(config.variant) | {
         "target": _model_name(config.target),
         "draft": _model_name(config.draft) if config.method == "draft" else None,
         "method": config.method,

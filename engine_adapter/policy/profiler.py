@@ -65,7 +65,7 @@ from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine.models import default_cache_dir
 from engine_adapter.engine.platform import Platform, cpu_name
 from engine_adapter.engine.server_args import async_scheduling, batched_tokens, eager
-from engine_adapter.engine_config import FULL_VARIANT, EngineConfig, resolve_dtype
+from engine_adapter.engine_config import EngineConfig, resolve_dtype, variant_key
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.policy.profile_grid import DEFAULT_BATCH_SIZES as DEFAULT_BATCH_SIZES  # re-exported
 from engine_adapter.policy.profile_grid import ProfileGrid, default_grid
@@ -108,9 +108,8 @@ def config_cache_path(config: EngineConfig, platform: Platform) -> Path:
     """The cache file for an ``EngineConfig``'s cost model on ``platform`` (the app and the sweep
     share it): everything that changes a step's time, as the engine really runs it (eager mode
     and async scheduling as the platform resolves them)."""
-    variant = {} if config.variant == FULL_VARIANT else {"variant": config.variant}  # the full pair's keys as ever
     return cache_path(
-        variant
+        variant_key(config.variant)
         | {
             "target": config.target,
             "draft": config.draft if config.method == "draft" else None,

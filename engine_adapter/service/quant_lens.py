@@ -25,14 +25,16 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from engine_adapter.engine.roofline import bytes_read_per_step
 from engine_adapter.engine_config import FULL_VARIANT, MODEL_VARIANTS, EngineConfig, resolve_dtype
 from engine_adapter.provenance import text_agreement
 from engine_adapter.service.speedup_probe import SpeedupView
+
+if TYPE_CHECKING:
+    from engine_adapter.engine.launcher import EngineProcess
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,8 @@ class LensMachine:
     bytes_per_step: int  # what one plain decode step of the variant's target reads
 
 
-def lens_machine(process: Any, config: EngineConfig | None) -> LensMachine | None:
-    """The roofline figures of a started engine (``engine.launcher.EngineProcess``; None: attached)."""
+def lens_machine(process: EngineProcess | None, config: EngineConfig | None) -> LensMachine | None:
+    """The roofline figures of a started engine (None: an attached server, no process of ours)."""
     if process is None or process.target_dir is None:
         return None
     dtype = resolve_dtype((config or EngineConfig()).dtype, on_cpu=not process.platform.is_gpu)
@@ -61,7 +63,6 @@ class LensPoint:
     bytes_per_step: int
     roofline_tokens_per_s: float | None  # per request: bandwidth / bytes per step
     settings: str  # the probe's settings line
-    measured_at: float  # time.time()
     plain_token_ids: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     @property
@@ -135,7 +136,6 @@ class QuantLens:
             bytes_per_step=machine.bytes_per_step,
             roofline_tokens_per_s=roof,
             settings=s.line(),
-            measured_at=time.time(),
             plain_token_ids=view.plain_token_ids,
         )
         with self._lock:

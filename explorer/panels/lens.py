@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 from gradio.components import Component
 
+from engine_adapter.service.backend import LensView
 from explorer.panels.context import PageContext
 from explorer.panels.load import plot_data
 from explorer.views.lens_view import lens_figure, lens_key, lens_markdown
@@ -31,12 +32,15 @@ class LensSection:
         self.plot = gr.Plot(show_label=False, elem_id="lens-plot")
         self.outputs = [self.table, self.plot]
 
+    def _view(self) -> LensView:
+        return self.ctx.ticks.get("lens_view", self.backend.quant_lens)  # once per tick, table and figure
+
     def readout(self) -> dict[Component, Any]:
-        return {self.table: self.ctx.ticks.get("lens_table", lambda: lens_markdown(self.backend.quant_lens()))}
+        return {self.table: self.ctx.ticks.get("lens_table", lambda: lens_markdown(self._view()))}
 
     def figure(self, drawn: Any) -> tuple[dict[Component, Any], Any]:
         """The figure if what it shows changed since ``drawn`` (and the key now)."""
-        view = self.ctx.ticks.get("lens_view", self.backend.quant_lens)
+        view = self._view()
         key = lens_key(view)
         if key == drawn:
             return {}, drawn

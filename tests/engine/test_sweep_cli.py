@@ -159,18 +159,25 @@ def test_acceptance_rules_add_the_lossy_columns(tiny, tmp_path):
     assert "warning" not in done.stderr  # every step of a run was verified under its own rule
 
 
-def test_engines_that_do_not_fit_together_run_one_after_the_other(tiny, tmp_path):
-    """With memory for one engine at a time (the override: 4 GiB, each tiny engine about 2.5), ``off``
-    runs alone first, then the live engine; speedups and texts are still compared with off's."""
+def one_wave_sweep(tiny, tmp_path, policies: str, *more: str, env: dict[str, str] | None = None, timeout_s=900):
+    """The sweep CLI at concurrency 1, one wave of two prompts of 16 tokens, the tiny target drafting
+    for itself, its own model cache; returns (the finished process, the CSV's path), checked to exit 0."""
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
     out = tmp_path / "sweep.csv"
-    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "off,k3"]
+    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", policies]
     cmd += ["--prompts", str(prompts), "--max-tokens", "16", "--min-requests", "2", "--window-s", "0"]
-    cmd += ["--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
-    env = os.environ | {MEM_ENV: "4", "SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    cmd += ["--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1", *more]
+    env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")} | (env or {})
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done, out
+
+
+def test_engines_that_do_not_fit_together_run_one_after_the_other(tiny, tmp_path):
+    """With memory for one engine at a time (the override: 4 GiB, each tiny engine about 2.5), ``off``
+    runs alone first, then the live engine; speedups and texts are still compared with off's."""
+    done, out = one_wave_sweep(tiny, tmp_path, "off,k3", env={MEM_ENV: "4"}, timeout_s=600)
     err = done.stderr
     assert "GiB at once" in err and "4.0 GiB is available" in err and "one after the other" in err
     assert err.index("closed the speculation-off engine") < err.index("starting the draft engine")
@@ -184,16 +191,7 @@ def test_variants_run_the_sweep_once_per_model_variant(tiny, tmp_path):
     """--variants full,int8-pair: the sweep runs on the tiny pair, then on its int8 copies (made in
     the model cache); the CSV says each row's variant, bytes per step, roofline fraction, speedups,
     the naive product and the agreement with the full target's greedy text."""
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["def add(a, b):", "The quick"]))
-    out = tmp_path / "sweep.csv"
-    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "off,k2"]
-    cmd += ["--prompts", str(prompts), "--max-tokens", "16", "--min-requests", "2", "--window-s", "0"]
-    cmd += ["--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
-    cmd += ["--variants", "full,int8-pair"]
-    env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done, out = one_wave_sweep(tiny, tmp_path, "off,k2", "--variants", "full,int8-pair")
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0].keys()) == ["variant", *COLUMNS, *EXTRA_COLUMNS, *VARIANT_COLUMNS]
     by = {(r["variant"], r["policy"]): r for r in rows}
