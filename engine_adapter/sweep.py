@@ -41,8 +41,9 @@ and relaxed_share (accepted drafts only the lossy rule kept). The lossless texts
 run's. draft_acceptance_rate counts relaxed drafts as accepted, as vLLM does;
 acceptance_per_position does too.
 
-With --variants (``engine/variants.py``: ``full``, ``int8-target``, ``int8-pair``) the whole sweep
-runs once per model variant, one after another (the int8 copies of --target and --draft are made
+With --variants (``engine/variants.py``: ``full``, ``int8-target``, ``int8-pair``, ``int4-target``,
+``int4-pair``) the whole sweep runs once per model variant, one after another (the quantised
+copies of --target and --draft are made
 on first use, in the model cache), and the CSV adds ``variant`` and the columns of
 ``measure/variant_sweep.py``: bytes per step, plain decoding's roofline fraction (the read
 bandwidth on the worker's cores is measured before any engine starts), the speedup over the

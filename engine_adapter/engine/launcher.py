@@ -264,11 +264,11 @@ class EngineProcess:
             report(StartProgress("models", 0.28, f"the read bandwidth is not known: {e}"))
 
     def _quantised_models(self, report: ProgressFn) -> None:
-        """The config's variant in place of the full models: their int8 copies, made on first use."""
+        """The config's variant in place of the full models: their quantised copies, made on first use."""
         from engine_adapter.engine.models import default_cache_dir
         from engine_adapter.engine.variants import variant_models
 
-        report(StartProgress("models", 0.25, f"the {self.config.variant} variant (an int8 copy is made once)"))
+        report(StartProgress("models", 0.25, f"the {self.config.variant} variant (a quantised copy is made once)"))
         target, draft = variant_models(
             self.config.variant, self.target_dir, self.draft_dir or self.target_dir, default_cache_dir()
         )

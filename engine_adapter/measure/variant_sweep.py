@@ -1,9 +1,10 @@
-"""The sweep over model variants: the same policies and levels on the full pair, an int8 target
-and an int8 pair (``engine.variants``), one variant's engines after another.
+"""The sweep over model variants: the same policies and levels on the full pair and its quantised
+variants (``engine.variants``: int8 or int4 target, int8 or int4 pair), one variant's engines
+after another.
 
 Contract: ``variant_sweep(settings, variants, bandwidth_gbs, dtype)`` runs
 ``policy_sweep.sweep_levels`` once per variant (``settings``' target and draft are the full
-pair's folders; the int8 copies are made on first use, in the model cache; ``dtype`` is the
+pair's folders; the quantised copies are made on first use, in the model cache; ``dtype`` is the
 engines') and returns one table: ``variant`` first, then the sweep's columns, then
 ``VARIANT_COLUMNS``:
 

@@ -53,7 +53,7 @@ class SpeedSettings:
     policy: str
     concurrency: int  # background requests in flight when measured
     date: str  # YYYY-MM-DD
-    variant: str = FULL_VARIANT  # engine_config.MODEL_VARIANTS: the pair as it is, or int8 copies
+    variant: str = FULL_VARIANT  # engine_config.MODEL_VARIANTS: the pair as it is, or quantised copies
 
     def _variant_note(self) -> str:
         return "" if self.variant == FULL_VARIANT else f" ({self.variant})"

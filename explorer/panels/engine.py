@@ -25,7 +25,13 @@ from types import MappingProxyType
 
 import gradio as gr
 
-from engine_adapter.engine_config import FULL_VARIANT, VARIANT_LABELS, EngineConfig, available_methods
+from engine_adapter.engine_config import (
+    FULL_VARIANT,
+    VARIANT_LABELS,
+    EngineConfig,
+    available_methods,
+    available_variants,
+)
 from engine_adapter.package_data import assets_dir
 from explorer.panels.context import ENGINE_CHANGES_AT_ONCE, PageContext
 from explorer.panels.presenter import build_presenter_box
@@ -62,9 +68,9 @@ class EnginePanel:
             )
             self.k = gr.Slider(1, MAX_K, value=self.config.k, step=1, label="K (num_speculative_tokens)")
             self.variant = gr.Radio(
-                [(label, v) for v, label in VARIANT_LABELS.items()],
+                [(label, v) for v, label in VARIANT_LABELS.items() if v in available_variants()],
                 value=self.config.variant,
-                label="Model variant (int8 W8A8 copies are made once, about 20 s for the packaged target)",
+                label="Model variant (quantised copies are made once, about 20 s for the packaged target)",
                 elem_id="variant",
             )
             self.apply_btn = gr.Button("Apply engine settings", elem_id="apply")
@@ -130,7 +136,7 @@ class EnginePanel:
         took = f" The last start took {status.started.total_s:.0f} s to ready." if status.started else ""
         running = status.config.variant if status.config else cfg.variant
         if cfg.variant not in (running, FULL_VARIANT):
-            took += " A first switch to an int8 variant also makes its copies (about 20 s for the packaged target)."
+            took += " A first switch to a quantised variant also makes its copies (about 20 s for the packaged target)."
         return (
             f"Restart asked for ({what}): it starts {when}; another Apply before then replaces it.{replaced}{took} "
             "The status line above shows its progress."

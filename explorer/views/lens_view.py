@@ -68,7 +68,7 @@ def lens_markdown(view: LensView) -> str:
             )
         lines += ["", *(_sentence(c) for c in view.comparisons)]
     else:
-        lines += ["", "Measure the full pair and an int8 variant at the same load to see their speedups side by side."]
+        lines += ["", "Measure the full pair and a quantised variant at one load to see their speedups side by side."]
     return "\n".join(lines)
 
 
@@ -107,7 +107,7 @@ def lens_figure(view: LensView) -> go.Figure:
     fig.add_hline(y=1.0, line=dict(color="#444", dash="dot", width=1))
     title = "Speedups over the full pair's plain decoding: multiplied, and measured together"
     if not view.comparisons:
-        title = "No comparison yet: measure the full pair and an int8 variant at the same load"
+        title = "No comparison yet: measure the full pair and a quantised variant at the same load"
     top = max((y for ys in series.values() for y in ys), default=1.0)
     fig.update_yaxes(range=[0, max(1.2, top * 1.18)])  # room for the labels above the bars
     fig.update_layout(

@@ -1,6 +1,7 @@
-"""int8 W8A8 checkpoints of the tiny models: the converter's output, table-checked, and vLLM serving
-an int8 pair with speculation (the tap's invariants hold; greedy speculative text equals the same
-int8 target's text with speculation off; the agreement with the full target is reported)."""
+"""Quantised checkpoints of the tiny models (int8 W8A8; int4 W4A16 on AVX-512): the converter's
+output, table-checked, and vLLM serving a quantised pair with speculation (the tap's invariants
+hold; greedy speculative text equals the same quantised target's text with speculation off; the
+agreement with the full target is reported)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,20 @@ import torch
 from safetensors.torch import load_file
 
 from engine_adapter.engine.live_engine import LiveEngine
-from engine_adapter.engine.quantize import LINEAR, QMAX, W8A8_CONFIG, quantize_int8, quantize_rows
+from engine_adapter.engine.quantize import (
+    INT4_GROUP,
+    LINEAR,
+    QMAX,
+    W4A16_CONFIG,
+    W8A8_CONFIG,
+    pack_int4,
+    quantize_groups,
+    quantize_int4,
+    quantize_int8,
+    quantize_rows,
+)
 from engine_adapter.engine.variants import parse_variants, variant_models
+from engine_adapter.engine_config import available_variants
 from tests.support.engine_checks import PROMPTS, check_invariants, run
 from tests.support.fixtures import tiny_config
 
@@ -35,6 +48,34 @@ def test_rows_are_rounded_to_int8_with_one_scale_each(rows, scales):
     assert scale.flatten().tolist() == pytest.approx(scales)
     assert int(q.abs().max()) <= QMAX
     assert (q.float() * scale - w).abs().max() <= scale.max() / 2 + 1e-9  # round to nearest
+
+
+@pytest.mark.parametrize(
+    ("row", "scales", "values"),
+    [
+        ([7.5] + [1.0] * 3 + [0.0] * 4, [1.0], [7, 1, 1, 1, 0, 0, 0, 0]),  # the largest clamps to 7
+        ([-7.5, 3.75, 0.0, 0.0, 3.75, -1.0, 1.0, 0.0], [1.0, 0.5], [-8, 4, 0, 0, 7, -2, 2, 0]),
+        ([0.0] * 8, [1.0, 1.0], [0] * 8),  # a group of zeros gets scale 1, not 0
+    ],
+)
+def test_groups_are_rounded_to_int4_with_one_scale_each(row, scales, values):
+    w = torch.tensor([row])
+    q, scale = quantize_groups(w, group=len(row) // len(scales))
+    assert q.dtype == torch.int8 and scale.shape == (1, len(scales)) and scale.dtype == w.dtype
+    assert scale.flatten().tolist() == pytest.approx(scales) and q.flatten().tolist() == values
+
+
+def test_int4_values_pack_in_the_order_vllm_unpacks():
+    from vllm.model_executor.layers.quantization.utils.quant_utils import unpack_quantized_values_into_int32
+    from vllm.scalar_type import scalar_types
+
+    q = torch.randint(-8, 8, (32, 256), dtype=torch.int8)
+    packed = pack_int4(q)
+    assert packed.dtype == torch.int32 and packed.shape == (32, 32)
+    assert torch.equal(unpack_quantized_values_into_int32(packed, scalar_types.uint4b8, 1) - 8, q.to(torch.int32))
+    word = pack_int4(torch.tensor([[-8, -7, 0, 1, 2, 3, 4, 7]], dtype=torch.int8)).item()
+    nibbles = [0, 1, 8, 9, 10, 11, 12, 15]  # offset by 8; value i in bits 4i, the word's sign from the last
+    assert word == sum(n << 4 * i for i, n in enumerate(nibbles)) - 2**32
 
 
 @pytest.fixture(scope="module")
@@ -67,26 +108,57 @@ def test_the_checkpoint_holds_int8_layers_and_keeps_the_rest(tiny, int8_family):
         quantize_int8(root / "target", root / "again")
 
 
+def test_the_int4_checkpoint_holds_packed_groups_and_keeps_the_rest(tiny, tmp_path):
+    report = quantize_int4(tiny.target, tmp_path / "int4")
+    full, q = load_file(str(tiny.target / "model.safetensors")), load_file(str(tmp_path / "int4" / "model.safetensors"))
+    linear = [n for n in full if LINEAR.search(n)]
+    assert linear and report.layers == len(linear)
+    for name in linear:
+        stem, (out, inputs) = name[: -len("weight")], full[name].shape
+        assert name not in q and q[stem + "weight_packed"].shape == (out, inputs // 8)
+        assert q[stem + "weight_scale"].shape == (out, inputs // INT4_GROUP)
+        assert q[stem + "weight_shape"].tolist() == [out, inputs]
+    assert all(torch.equal(q[n], full[n]) for n in full if not LINEAR.search(n))
+    assert json.loads((tmp_path / "int4" / "config.json").read_text())["quantization_config"] == W4A16_CONFIG
+    assert report.bytes_after < report.bytes_before / 4  # float32 weights: about an eighth, plus scales
+    assert 0 < report.mean_rel_error <= report.max_rel_error < 0.2
+
+
+@pytest.mark.skipif("int4-pair" not in available_variants(), reason="int4 W4A16 runs in bfloat16 only (AVX-512 BF16)")
+async def test_vllm_serves_an_int4_pair_with_speculation(tiny, tmp_path):
+    for name in ("target", "close"):
+        quantize_int4(getattr(tiny, name), tmp_path / name)
+    await _serves_with_speculation(tiny, tmp_path, dtype="bfloat16", against_full=False)
+
+
 async def test_vllm_serves_an_int8_pair_with_speculation(tiny, int8_family):
-    root, _ = int8_family
-    off = replace(tiny_config(tiny, "off"), target=str(root / "target"))
-    spec = replace(tiny_config(tiny, "draft"), target=str(root / "target"), draft=str(root / "close"))
-    full = tiny_config(tiny, "off")
+    await _serves_with_speculation(tiny, int8_family[0])
+
+
+async def _serves_with_speculation(tiny, root, dtype: str = "float32", against_full: bool = True):
+    off = replace(tiny_config(tiny, "off"), target=str(root / "target"), dtype=dtype)
+    spec = replace(tiny_config(tiny, "draft"), target=str(root / "target"), draft=str(root / "close"), dtype=dtype)
+    full = replace(tiny_config(tiny, "off"), dtype=dtype)
     texts: dict[str, list[list[int]]] = {}
-    for name, config in (("int8 off", off), ("int8 draft", spec), ("full off", full)):
+    engines = [("quantised off", off), ("quantised draft", spec)] + ([("full off", full)] if against_full else [])
+    for name, config in engines:
         engine = await LiveEngine.launch(config)
         try:
             results = [await run(engine, p, max_tokens=32) for p in PROMPTS]
         finally:
             await engine.close()
-        if name == "int8 draft":
+        if name == "quantised draft":
             for r in results:
                 check_invariants(r)
-            assert sum(r.kinds.count("accepted") for r in results) > 0  # the int8 draft's drafts were kept
+            assert sum(r.kinds.count("accepted") for r in results) > 0  # the quantised draft's drafts were kept
         texts[name] = [r.token_ids for r in results]
-    assert texts["int8 draft"] == texts["int8 off"], "speculation changed the int8 target's greedy text"
-    agree = sum(a == b for a, b in zip(texts["int8 off"], texts["full off"]))
-    print(f"int8 target's greedy text equals the full target's for {agree} of {len(PROMPTS)} prompts")
+    assert texts["quantised draft"] == texts["quantised off"], "speculation changed the quantised target's text"
+    if not against_full:
+        return
+    agree = sum(a == b for a, b in zip(texts["quantised off"], texts["full off"]))
+    print(
+        f"{root.name}: the quantised target's greedy text equals the full one's for {agree} of {len(PROMPTS)} prompts"
+    )
 
 
 def test_a_variant_makes_its_int8_copy_once_and_again_when_the_source_changes(tiny, tmp_path):

@@ -121,5 +121,5 @@ def test_the_app_still_serves_after_the_table(app_url):
     trace = json.loads(trace)
     assert len(trace["token_ids"]) == 16 and trace["kinds"][0] == "prefill"
     assert re.search(SLIDER, answer(client, "draft", 99, api_name="/apply"))  # K out of range: no restart
-    assert "int4" in answer(client, "draft", 3, "int4", api_name="/apply")  # no such model variant: no restart
+    assert "int3" in answer(client, "draft", 3, "int3", api_name="/apply")  # no such model variant: no restart
     assert "● **Engine ready**" in client.predict(api_name="/status")
