@@ -33,7 +33,7 @@ from explorer.panels.context import PageContext
 from explorer.panels.engine import TOP_LINES_PATH, EnginePanel
 from explorer.panels.export import build_csv_export
 from explorer.panels.ledger import LedgerPanel
-from explorer.panels.load import LoadPanel
+from explorer.panels.load import LIVE_CHART_PATH, LoadPanel
 from explorer.panels.policy import PolicyPanel, build_policy_panel
 from explorer.panels.presenter import Presenter
 from explorer.panels.replay import build_replay_panel
@@ -104,7 +104,7 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
         engine.wire()
         load.wire(page)
         wire_chart_timer(load, policy, ledger, run)
-    return ExplorerPage(page, {TOP_LINES_PATH: engine.top_lines})
+    return ExplorerPage(page, {TOP_LINES_PATH: engine.top_lines, LIVE_CHART_PATH: load.chart_update})
 
 
 def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) -> None:
@@ -128,7 +128,8 @@ def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) ->
 
 
 def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, ledger: LedgerPanel, run: RunPanel) -> None:
-    """One timer for the live chart, the K-policy panel and the ledger, a plain request (queue=False): each event
+    """One timer for the load readout, the K-policy panel and the ledger (the live chart draws itself:
+    ``assets/live_chart.js``), a plain request (queue=False): each event
     costs the page's main thread at each of its messages (Gradio updates the loading state of every
     component), and the token view waits (docs/benchmarks.md, "UI latency"). A gate in the page
     (``assets/chart_gate.js``) sends each tick between two steps of the page's own request and says
@@ -137,7 +138,6 @@ def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, ledger: LedgerPanel, 
 
     def refresh(
         times: list,
-        live_drawn: Any,
         request_id: str | None,
         policy_drawn: Any,
         ledger_drawn: Any,
@@ -147,12 +147,12 @@ def wire_chart_timer(load: LoadPanel, policy: PolicyPanel, ledger: LedgerPanel, 
         if draw is False:
             return {**load.refresh_readout(request), **policy.refresh_readout(), **ledger.refresh_readout(request_id)}
         return {
-            **load.refresh(times, live_drawn, request),
+            **load.refresh_readout(request),
             **policy.refresh(request_id, times, policy_drawn),
             **ledger.refresh(request_id, times, ledger_drawn),
         }
 
-    inputs = [run.step_times, load.drawn, run.request_id, policy.drawn, ledger.drawn, may_draw]
+    inputs = [run.step_times, run.request_id, policy.drawn, ledger.drawn, may_draw]
     gate_js = data_path("assets", "chart_gate.js").read_text().replace("__N_INPUTS__", str(len(inputs)))
     gr.Timer(CHART_REFRESH_S).tick(
         refresh,

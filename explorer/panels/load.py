@@ -4,38 +4,40 @@ Contract: ``LoadPanel(ctx)`` (``explorer.panels.context``); ``build_controls()``
 "Background load" accordion (slider 0..the backend's ``max_background`` requests kept in flight, closed loop, and the
 readout), ``build_chart()`` the live chart of the whole server over the last
 ``WINDOW_S`` seconds; ``wire(page)`` connects them: a slider change asks the backend for this
-session's share, closing the page releases the session's load. ``refresh(step_times, drawn,
-request)``, run by the page's chart timer (``explorer.page``, every ``CHART_REFRESH_S``) into
-``tick_outputs`` (``step_times`` is the ``gr.State`` of this page's foreground steps as (monotonic
-t, tokens emitted), drawn as the foreground's tokens/s), updates the readout (and keeps the
-session's load alive) and redraws the chart when the engine did something since the page drew it
-(while the page's own request streams, at most every ``STREAMING_REFRESH_S``: the token view goes
-first). The chart every page without a request of its own sees is built once per refresh tick
-(``ctx.ticks``); a page's own is built only while a poll slot is free (``ctx.polls``). A session's
-ask counts against its visitor's share (``ctx.visitor``: one address, however many sessions).
+session's share, closing the page releases the session's load. ``refresh_readout(request)``, run by
+the page's chart timer (``explorer.page``) into ``tick_outputs``, updates the readout and keeps the
+session's load alive. The chart is drawn by the page itself (``assets/live_chart.js``, every
+``CHART_REFRESH_S``, its own request streaming or not): it fetches ``chart_update()`` from
+``LIVE_CHART_PATH`` (answered by the app's HTTP door, no Gradio event: the engine's traces and
+the load markers, built once per tick for every page, ``ctx.ticks``) and adds its own request's
+tokens/s from the token view's steps. A session's ask counts against its visitor's share
+(``ctx.visitor``: one address, however many sessions).
 
-API names: /set_load (requests) -> readout; the page's /charts (``explorer.page``) -> (figure,
-readout, then the K-policy panel's).
+API names: /set_load (requests) -> readout; the page's /charts (``explorer.page``) -> (readout,
+then the K-policy panel's and the ledger's).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
 from gradio.components import Component
 from gradio.components.plot import PlotData
 
+from engine_adapter.package_data import assets_dir
 from engine_adapter.service.backend import Backend
 from explorer.panels.context import PageContext
 from explorer.views.live_charts import (
+    CHART_REFRESH_S,
+    FOREGROUND_TRACE,
     WINDOW_S,
     bin_steps,
-    chart_due,
     engine_activity,
-    foreground_rate,
     live_chart_frame,
+    live_chart_update,
     live_figure,
 )
 from explorer.views.status import load_readout_markdown
@@ -55,6 +57,18 @@ def plot_data(figure: Any) -> PlotData:
 
 
 ALL_KINDS = "all"  # the mix radio's value for every task kind
+LIVE_CHART_PATH = "/explorer/live_chart"
+
+
+def live_chart_js(assets: Path) -> str:
+    """The page's live-chart loop (``assets/live_chart.js``), its path and constants filled in."""
+    return (
+        (assets / "live_chart.js")
+        .read_text()
+        .replace("__LIVE_CHART_PATH__", LIVE_CHART_PATH)
+        .replace("__REFRESH_MS__", str(int(CHART_REFRESH_S * 1000)))
+        .replace("__FOREGROUND_TRACE__", FOREGROUND_TRACE)
+    )
 
 
 class LoadPanel:
@@ -92,9 +106,8 @@ class LoadPanel:
         # change (not release) so a typed number counts too; always_last coalesces a drag
         self.load.change(self.set_load, self.load, self.readout, api_name="set_load", trigger_mode="always_last")
         self.mix.input(self.set_mix, self.mix, self.mix_said, api_name="set_load_mix", trigger_mode="always_last")
-        # (key of what this page's chart shows (views.live_charts.engine_activity), when it was drawn)
-        self.drawn = gr.State(None)
-        self.tick_outputs = [self.live, self.readout, self.drawn]  # refresh's, on the page's chart timer
+        self.tick_outputs = [self.readout]  # refresh_readout's, on the page's chart timer
+        page.load(None, js=live_chart_js(assets_dir()))  # the chart's own loop, started once per page
         page.unload(self.leave)  # a closed tab or a reload ends the session: its background load stops
 
     async def set_load(self, n: float, request: gr.Request) -> str:
@@ -124,31 +137,21 @@ class LoadPanel:
         return self.ctx.shown(load_readout_markdown(self.backend, self.ctx.session(request)))
 
     def refresh_readout(self, request: gr.Request) -> dict[Component, Any]:
-        """The readout alone (the page's chart gate said no redraw this tick); keeps the load alive."""
-        self.backend.touch_session(self.ctx.session(request))  # a page that stops polling loses its load
+        """The readout; keeps the session's load alive (a page that stops polling loses it)."""
+        self.backend.touch_session(self.ctx.session(request))
         return {self.readout: self._readout(request)}
 
-    def refresh(self, times: list[tuple[float, int]], drawn: tuple | None, request: gr.Request) -> dict[Component, Any]:
-        """The readout every tick; the chart when the engine did something since this page drew it, and
-        while this page's own request streams, at most every ``STREAMING_REFRESH_S`` (``chart_due``)."""
-        now = time.monotonic()
-        shown = self.refresh_readout(request)
-        activity = self.ctx.ticks.get("activity", lambda: engine_activity(self.backend, time.monotonic()))
-        key = (activity, len(times or []))
-        drawn_key, drawn_at = drawn or (None, None)
-        if key == drawn_key or not chart_due(drawn_at, now, times or []):
-            return shown
-        if not times:  # the chart every page without a request of its own sees: one per tick
-            figure = self.ctx.ticks.get(("live", activity), lambda: plot_data(self._figure([], time.monotonic())))
-            return {**shown, self.live: figure, self.drawn: (key, now)}
-        with self.ctx.polls.slot() as mine:
-            if not mine:  # every slot taken: the chart waits for the next tick
-                return shown
-            return {**shown, self.live: self._figure(times, now), self.drawn: (key, now)}
+    def chart_update(self) -> dict[str, Any]:
+        """The live chart's data for every page (``views.live_charts.live_chart_update``), built
+        at most once per tick; its key is what the engine did lately (``engine_activity``), so a
+        page redraws only when that changed."""
+        return self.ctx.ticks.get("live chart", self._chart_update)
 
-    def _figure(self, times: list[tuple[float, int]], now: float) -> Any:
+    def _chart_update(self) -> dict[str, Any]:
+        now = time.monotonic()
+        activity = self.ctx.ticks.get("activity", lambda: engine_activity(self.backend, now))
         markers = [(t - now, n) for t, n in self.backend.load_changes]
-        return live_figure(live_chart_frame(self.backend, now), markers, foreground_rate(times, now))
+        return live_chart_update(live_chart_frame(self.backend, now), markers, now, repr(activity))
 
     def leave(self, request: gr.Request) -> None:
         self.backend.release_background(self.ctx.session(request))

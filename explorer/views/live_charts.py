@@ -7,7 +7,9 @@ relative to ``now``, negative = past; ``bin_prom`` gives the same columns from
 page draws (tap steps, or ``/metrics`` when attached) with one more column,
 ``load``: the background load in force in each bin; ``chart_csv(df)`` is its
 CSV text (empty cells = no data in that bin); ``live_figure(df, markers, fg)`` draws
-the four panels as one plotly figure with shared time axis:
+the four panels as one plotly figure with shared time axis (``live_traces`` and
+``marker_layout`` are its parts as plain, JSON-ready data: what ``live_chart_update`` sends a
+page, which draws it itself every ``CHART_REFRESH_S``, ``assets/live_chart.js``):
 1. K in force and effective K (drafts verified per drafting request), batch size;
 2. tokens emitted and drafts accepted per request-step;
 3. draft acceptance rate and acceptance per draft position;
@@ -97,27 +99,55 @@ def live_figure(
     foreground: pd.DataFrame | None = None,
     window_s: float = WINDOW_S,
 ) -> go.Figure:
-    traces = _engine_traces(df) if not df.empty else []
-    if foreground is not None and not foreground.empty:
-        fg = dict(x=foreground["t"], y=foreground["tokens_per_s"], line=dict(color="#9467bd"))
-        traces.append(_scatter("foreground tokens/s", PANEL_AXES[4], **fg))
     layout = json.loads(_live_skeleton_json())  # a fresh copy: plotly's make_subplots costs ~50 ms a call
     layout["xaxis4"]["range"] = [-window_s, 0]
-    # every panel matches the bottom time axis "x4": one figure-high line per slider change
-    # (add_vline would draw one shape per panel, about 50 ms each in plotly's Python layer)
+    shapes, annotations = marker_layout(markers, window_s)
+    layout["shapes"] = shapes
+    layout["annotations"] += annotations
+    return go.Figure(data=live_traces(df, foreground), layout=layout)
+
+
+def live_traces(df: pd.DataFrame, foreground: pd.DataFrame | None = None) -> list[dict[str, Any]]:
+    """The live figure's traces as plotly dicts of plain lists (an empty bin is None: a gap)."""
+    traces = _engine_traces(df) if not df.empty else []
+    if foreground is not None and not foreground.empty:
+        fg = dict(x=_values(foreground["t"]), y=_values(foreground["tokens_per_s"]), line=dict(color="#9467bd"))
+        traces.append(_scatter(FOREGROUND_TRACE, PANEL_AXES[4], **fg))
+    return traces
+
+
+def marker_layout(
+    markers: Sequence[tuple[float, int]], window_s: float = WINDOW_S
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(shapes, annotations) of the load changes in the window: one figure-high line each on the
+    bottom time axis "x4", which every panel matches (add_vline would draw one shape per panel,
+    about 50 ms each in plotly's Python layer), and its "load → n" label."""
     shown = [(t, n) for t, n in markers if -window_s <= t <= 0]
-    marker_line = dict(color="#e377c2", dash="dot", width=1)
-    layout["shapes"] = [
-        dict(type="line", xref="x4", yref="paper", x0=t, x1=t, y0=0, y1=1, line=marker_line) for t, _ in shown
-    ]
-    marker_font = dict(size=10, color="#e377c2")
-    layout["annotations"] += [
-        dict(
-            x=t, xref="x4", y=1.0, yref="paper", yanchor="bottom", text=f"load → {n}", showarrow=False, font=marker_font
-        )
+    line = dict(color="#e377c2", dash="dot", width=1)
+    font = dict(size=10, color="#e377c2")
+    shapes = [dict(type="line", xref="x4", yref="paper", x0=t, x1=t, y0=0, y1=1, line=line) for t, _ in shown]
+    labels = [
+        dict(x=t, xref="x4", y=1.0, yref="paper", yanchor="bottom", text=f"load → {n}", showarrow=False, font=font)
         for t, n in shown
     ]
-    return go.Figure(data=traces, layout=layout)
+    return shapes, labels
+
+
+def live_chart_update(
+    df: pd.DataFrame, markers: Sequence[tuple[float, int]], now: float, key: str = ""
+) -> dict[str, Any]:
+    """What a page needs to redraw its live chart: the engine's traces, the layout's shapes and
+    annotations (the panels' titles, then the load markers), ``key`` (the same while the engine's
+    data has not changed), and the server's ``now`` (the engine host's monotonic seconds, the token
+    view's ``data-t`` clock), from which the page bins its own request's steps into the foreground
+    trace."""
+    shapes, labels = marker_layout(markers)
+    titles = json.loads(_live_skeleton_json())["annotations"]
+    return {"now": now, "key": key, "traces": live_traces(df), "shapes": shapes, "annotations": titles + labels}
+
+
+def _values(column: pd.Series) -> list[float | None]:
+    return [None if pd.isna(v) else round(float(v), 4) for v in column]
 
 
 @cache
@@ -148,36 +178,33 @@ def _live_skeleton_json() -> str:
     return fig.layout.to_json()
 
 
-def _scatter(name: str, axes: tuple[str, str], **kw: Any) -> go.Scatter:
-    return go.Scatter(name=name, xaxis=axes[0], yaxis=axes[1], **kw)
+FOREGROUND_TRACE = "foreground tokens/s"  # the page's own request (assets/live_chart.js draws it by this name)
 
 
-def _engine_traces(df: pd.DataFrame) -> list[go.Scatter]:
+def _scatter(name: str, axes: tuple[str, str], **kw: Any) -> dict[str, Any]:
+    return dict(type="scatter", name=name, xaxis=axes[0], yaxis=axes[1], **kw)
+
+
+def _engine_traces(df: pd.DataFrame) -> list[dict[str, Any]]:
     """The engine's traces, each on its panel's axes; the batch size on row 1's right axis."""
-    t = df["t"]
+    t = _values(df["t"])
+
+    def line(name: str, axes: tuple[str, str], column: str, **style: Any) -> dict[str, Any]:
+        return _scatter(name, axes, x=t, y=_values(df[column]), line=style)
+
     traces = [
-        _scatter("K in force", PANEL_AXES[1], x=t, y=df["k"], line=dict(shape="hv", color="#444")),
-        _scatter("effective K", PANEL_AXES[1], x=t, y=df["effective_k"], line=dict(color="#1f77b4")),
-        _scatter("batch size", BATCH_AXES, x=t, y=df["batch"], line=dict(color="#aaa", dash="dot")),
-        _scatter("tokens / request-step", PANEL_AXES[2], x=t, y=df["tokens_per_step"], line=dict(color="#2ca02c")),
-        _scatter(
-            "accepted / request-step",
-            PANEL_AXES[2],
-            x=t,
-            y=df["accepted_per_step"],
-            line=dict(color="#1f77b4", dash="dash"),
-        ),
-        _scatter(
-            "draft_acceptance_rate", PANEL_AXES[3], x=t, y=df["acceptance_rate"], line=dict(color="#000", width=3)
-        ),
+        line("K in force", PANEL_AXES[1], "k", shape="hv", color="#444"),
+        line("effective K", PANEL_AXES[1], "effective_k", color="#1f77b4"),
+        line("batch size", BATCH_AXES, "batch", color="#aaa", dash="dot"),
+        line("tokens / request-step", PANEL_AXES[2], "tokens_per_step", color="#2ca02c"),
+        line("accepted / request-step", PANEL_AXES[2], "accepted_per_step", color="#1f77b4", dash="dash"),
+        line("draft_acceptance_rate", PANEL_AXES[3], "acceptance_rate", color="#000", width=3),
     ]
     for col in [c for c in df.columns if c.startswith("pos")]:
         i = int(col[3:])
-        line = dict(color=POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)], width=1)
-        traces.append(_scatter(f"position {i}", PANEL_AXES[3], x=t, y=df[col], line=line))
-    traces.append(
-        _scatter("total tokens/s", PANEL_AXES[4], x=t, y=df["total_tokens_per_s"], line=dict(color="#d62728"))
-    )
+        colour = POSITION_COLOURS[(i - 1) % len(POSITION_COLOURS)]
+        traces.append(line(f"position {i}", PANEL_AXES[3], col, color=colour, width=1))
+    traces.append(line("total tokens/s", PANEL_AXES[4], "total_tokens_per_s", color="#d62728"))
     return traces
 
 
@@ -226,12 +253,10 @@ FRESH_S = 5.0  # seconds: a step newer than this is "the engine is doing somethi
 # (chromium's share of a core falls by about a quarter from 1 s to 2 s: docs/benchmarks.md,
 # "what the live charts cost the token view")
 CHART_REFRESH_S = 2.0
-# while the page's own request streams (a step of it newer than STREAMING_GAP_S), its live chart waits
-# STREAMING_REFRESH_S from the request's first step and between redraws, and the K-policy panel's charts
-# wait for the request's end: a redraw holds the browser's main thread for 100-400 ms on 2 cores (over
-# a second at background load 16), and the token view the reader is watching would wait behind it
-# (docs/benchmarks.md, UI latency)
-STREAMING_REFRESH_S = 15.0
+# while the page's own request streams (a step of it newer than STREAMING_GAP_S), the K-policy panel's
+# charts and the ledger's wait for the request's end: a Gradio redraw holds the browser's main thread
+# for 100-400 ms on 2 cores (over a second at background load 16), and the token view the reader is
+# watching would wait behind it (docs/benchmarks.md, UI latency)
 STREAMING_GAP_S = 2.0
 
 
@@ -239,18 +264,6 @@ def streaming(now: float, foreground_steps: Sequence[tuple[float, int]]) -> bool
     """Whether the page's own request is streaming: a step of it in the last ``STREAMING_GAP_S``.
     ``foreground_steps``: (monotonic t, tokens) of the page's current request's steps, oldest first."""
     return bool(foreground_steps) and now - foreground_steps[-1][0] < STREAMING_GAP_S
-
-
-def chart_due(drawn_at: float | None, now: float, foreground_steps: Sequence[tuple[float, int]]) -> bool:
-    """Whether a page may redraw its live chart now (what changed is asked separately): at every tick,
-    except while its own request streams: then only once ``STREAMING_REFRESH_S`` have passed since
-    both the request's first step and the last redraw (a shorter request is never interrupted).
-
-    ``drawn_at``: when the page's chart was last redrawn (monotonic s, None = never)."""
-    if not streaming(now, foreground_steps):
-        return True
-    since = foreground_steps[0][0] if drawn_at is None else max(drawn_at, foreground_steps[0][0])
-    return now - since >= STREAMING_REFRESH_S
 
 
 def engine_activity(backend: Backend, now: float) -> tuple:

@@ -33,9 +33,9 @@ from collections.abc import Callable
 import httpx
 import psutil
 
-# /charts' inputs: five session states (ignored: the step times, the live chart's, the page's request id,
-# the policy panel's and the ledger's drawn keys), then the draw flag
-CHARTS_DATA = [None, None, None, None, None, True]
+# /charts' inputs: four session states (ignored: the step times, the page's request id, the policy
+# panel's and the ledger's drawn keys), then the draw flag
+CHARTS_DATA = [None, None, None, None, True]
 
 
 def presenter_key(log_text: str) -> str | None:

@@ -17,6 +17,7 @@ from engine_adapter.package_data import PROJECT_ROOT, data_path
 from engine_adapter.trace.format import (
     read_session,
 )
+from explorer.panels.load import LIVE_CHART_PATH
 from tests.support.app_process import running_app, tiny_app_args
 from tests.support.token_view_markup import view_steps
 from tests.support.trace_samples import CHART_COLUMNS
@@ -97,12 +98,17 @@ def test_replay_app_charts_move_and_export_csv(replay_app):
     client = Client(url, verbose=False)
     time.sleep(2)
     # the page's chart gate (assets/chart_gate.js) says "no redraw": the readouts only, no figure
-    fig, readout, *policy = client.predict(False, api_name="/charts")
+    readout, *policy = client.predict(False, api_name="/charts")
     unsent = (None, {"__type__": "update"})  # what gradio_client returns for an output left as it was
-    assert fig in unsent and all(p in unsent for p in policy[2:5]), "no chart is sent when the gate says no"
+    assert all(p in unsent for p in policy[2:5]), "no chart is sent when the gate says no"
     assert "Requests running in the engine" in readout
-    fig, readout, *_policy = client.predict(api_name="/charts")  # the gate's default: charts may be redrawn
-    assert fig not in unsent and "Requests running in the engine" in readout
+    # the live chart's data, as the page's own loop fetches it (assets/live_chart.js)
+    first = httpx.get(url.rstrip("/") + LIVE_CHART_PATH, timeout=30).json()
+    time.sleep(2.5)
+    later = httpx.get(url.rstrip("/") + LIVE_CHART_PATH, timeout=30).json()
+    assert later["now"] > first["now"] and later["key"] != first["key"], "the replay moves the live chart"
+    k = next(t for t in later["traces"] if t["name"] == "K in force")
+    assert any(y is not None for y in k["y"]) and len(k["x"]) == len(k["y"])
     path = client.predict(api_name="/export_csv")
     rows = list(csv.DictReader(open(path, encoding="utf-8")))
     assert list(rows[0])[: len(CHART_COLUMNS)] == CHART_COLUMNS and "load" in rows[0]

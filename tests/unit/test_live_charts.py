@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from explorer.views.live_charts import STREAMING_GAP_S, STREAMING_REFRESH_S, WINDOW_S, chart_due, live_figure, streaming
+from explorer.views.live_charts import STREAMING_GAP_S, WINDOW_S, live_chart_update, live_figure, streaming
 
 
 def _frame(positions: int = 2) -> pd.DataFrame:
@@ -80,24 +80,6 @@ def test_figures_do_not_share_layout_state():
 
 
 @pytest.mark.parametrize(
-    "drawn_at, foreground_steps, due",
-    [
-        (None, [], True),  # never drawn, no request
-        (99.0, [], True),  # idle page: every tick (what changed is asked separately)
-        (99.0, [(40.0, 2), (50.0, 2)], True),  # the page's request ended long ago
-        (None, [(99.0, 2), (99.5, 2)], False),  # a request started a second ago: it goes first
-        (30.0, [(99.0, 2), (99.5, 2)], False),  # drawn long before the request: still waits for the request
-        (99.0, [(80.0, 2), (99.5, 2)], False),  # streaming for 20 s, drawn a second ago
-        (100.0 - STREAMING_REFRESH_S, [(80.0, 2), (99.5, 2)], True),  # streaming, the longest wait is up
-        (None, [(100.0 - STREAMING_REFRESH_S, 2), (99.5, 2)], True),  # streaming that long, never drawn
-        (99.0, [(90.0, 2), (100.0 - STREAMING_GAP_S - 0.01, 2)], True),  # no step for longer than the gap
-    ],
-)
-def test_charts_wait_while_the_pages_own_request_streams(drawn_at, foreground_steps, due):
-    assert chart_due(drawn_at, 100.0, foreground_steps) is due
-
-
-@pytest.mark.parametrize(
     "foreground_steps, is_streaming",
     [
         ([], False),
@@ -107,3 +89,20 @@ def test_charts_wait_while_the_pages_own_request_streams(drawn_at, foreground_st
 )
 def test_a_page_streams_while_its_request_has_recent_steps(foreground_steps, is_streaming):
     assert streaming(100.0, foreground_steps) is is_streaming
+
+
+def test_the_pages_update_is_plain_json_with_gaps_as_null_and_the_markers_after_the_titles():
+    import json
+
+    df = _frame()
+    df.loc[1, "acceptance_rate"] = float("nan")  # a bin with no drafts: a gap, not a zero
+    update = live_chart_update(df, [(-2.0, 8)], now=1234.5, key="k1")
+    text = json.dumps(update, allow_nan=False)  # a browser's JSON.parse takes no NaN
+    assert json.loads(text)["now"] == 1234.5 and update["key"] == "k1"
+    rate = next(t for t in update["traces"] if t["name"] == "draft_acceptance_rate")
+    assert rate["y"] == [0.5, None, 0.5] and rate["x"] == [-5.0, -3.0, -1.0]
+    assert [(t["name"], t["xaxis"], t["yaxis"]) for t in update["traces"]] == [
+        (d.name, d.xaxis, d.yaxis) for d in live_figure(df).data
+    ]
+    assert [a["text"] for a in update["annotations"]][-1] == "load → 8" and len(update["annotations"]) == 5
+    assert [s["x0"] for s in update["shapes"]] == [-2.0]

@@ -1,0 +1,55 @@
+() => {
+  // The live chart's own loop (explorer/panels/load.py): every __REFRESH_MS__ ms the page fetches the
+  // engine's traces from __LIVE_CHART_PATH__ (answered by the app's HTTP door, built once per tick for
+  // every page: no Gradio event, no figure rebuilt per page) and redraws the chart in place with
+  // Plotly.react, adding its own request's tokens/s from the token view's steps (data-t: the engine
+  // host's monotonic seconds, the clock of the answer's `now`). It redraws only when the engine's
+  // data or the page's own steps changed, never while the tab is hidden, and one draw at a time.
+  if (window.__specExplorerLiveChart) return;
+  const state = (window.__specExplorerLiveChart = { busy: false, key: null, gd: null, traces: 0 });
+  const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\/$/, '');
+  const BIN_S = 2;
+
+  function ownSteps(now) {
+    // [bin centre, tokens/s] of this page's request, as views.live_charts.foreground_rate bins them
+    const bins = new Map();
+    for (const el of document.querySelectorAll('#token-view .tv-step')) {
+      const t = parseFloat(el.dataset.t);
+      if (!Number.isFinite(t)) continue;
+      const bin = Math.floor((t - now) / BIN_S) * BIN_S + BIN_S / 2;
+      const kept = el.querySelectorAll('.tv-tok:not(.k-rejected)').length;
+      bins.set(bin, (bins.get(bin) || 0) + kept / BIN_S);
+    }
+    const xs = [...bins.keys()].sort((a, b) => a - b);
+    return { x: xs, y: xs.map((x) => bins.get(x)) };
+  }
+
+  async function tick() {
+    if (state.busy || document.hidden || !window.Plotly) return;
+    const gd = document.querySelector('#live-charts .js-plotly-plot');
+    if (!gd || !gd.layout) return;
+    state.busy = true;
+    try {
+      const r = await fetch(`${root}__LIVE_CHART_PATH__`);
+      if (!r.ok) return; // 429 (slow down) or the app not answering: the status line says so
+      const update = await r.json();
+      const own = ownSteps(update.now);
+      const key = `${update.key}|${own.x.length}|${own.y.join(',')}`;
+      // unchanged, and still on screen as drawn (Gradio may mount the plot afresh): nothing to do
+      if (key === state.key && gd === state.gd && (gd.data || []).length === state.traces) return;
+      const traces = update.traces.slice();
+      if (own.x.length) {
+        traces.push({ type: 'scatter', name: '__FOREGROUND_TRACE__', xaxis: 'x4', yaxis: 'y5',
+                      x: own.x, y: own.y, line: { color: '#9467bd' } });
+      }
+      const layout = Object.assign({}, gd.layout, { shapes: update.shapes, annotations: update.annotations });
+      await window.Plotly.react(gd, traces, layout);
+      Object.assign(state, { key, gd, traces: traces.length });
+    } catch (e) {
+      // a failed fetch or draw leaves the chart as it was; the next tick tries again
+    } finally {
+      state.busy = false;
+    }
+  }
+  setInterval(tick, __REFRESH_MS__);
+}
