@@ -6,7 +6,12 @@
   // host's monotonic seconds, the clock of the answer's `now`). It redraws only when the engine's
   // data or the page's own steps changed, never while the tab is hidden, and one draw at a time.
   if (window.__specExplorerLiveChart) return;
-  const state = (window.__specExplorerLiveChart = { busy: false, key: null, gd: null, traces: 0 });
+  // what each tick did, the last 64 ([performance.now() ms, what, ms it took]): for scripts/ui_latency.py
+  const state = (window.__specExplorerLiveChart = { busy: false, key: null, gd: null, traces: 0, log: [] });
+  const note = (what, since) => {
+    state.log.push([Math.round(performance.now()), what, Math.round(performance.now() - since)]);
+    if (state.log.length > 64) state.log.shift();
+  };
   const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\/$/, '');
   const BIN_S = 2;
 
@@ -25,18 +30,20 @@
   }
 
   async function tick() {
-    if (state.busy || document.hidden || !window.Plotly) return;
+    const since = performance.now();
+    if (state.busy || document.hidden || !window.Plotly) return note(state.busy ? 'busy' : 'hidden', since);
     const gd = document.querySelector('#live-charts .js-plotly-plot');
-    if (!gd || !gd.layout) return;
+    if (!gd || !gd.layout) return note('no plot', since);
     state.busy = true;
     try {
       const r = await fetch(`${root}__LIVE_CHART_PATH__`);
-      if (!r.ok) return; // 429 (slow down) or the app not answering: the status line says so
+      if (!r.ok) return note(`HTTP ${r.status}`, since); // 429 (slow down) or the app not answering
       const update = await r.json();
+      const fetched = Math.round(performance.now() - since);
       const own = ownSteps(update.now);
       const key = `${update.key}|${own.x.length}|${own.y.join(',')}`;
       // unchanged, and still on screen as drawn (Gradio may mount the plot afresh): nothing to do
-      if (key === state.key && gd === state.gd && (gd.data || []).length === state.traces) return;
+      if (key === state.key && gd === state.gd && (gd.data || []).length === state.traces) return note('same', since);
       const traces = update.traces.slice();
       if (own.x.length) {
         traces.push({ type: 'scatter', name: '__FOREGROUND_TRACE__', xaxis: 'x4', yaxis: 'y5',
@@ -45,8 +52,9 @@
       const layout = Object.assign({}, gd.layout, { shapes: update.shapes, annotations: update.annotations });
       await window.Plotly.react(gd, traces, layout);
       Object.assign(state, { key, gd, traces: traces.length });
+      note(`drawn (fetched in ${fetched})`, since);
     } catch (e) {
-      // a failed fetch or draw leaves the chart as it was; the next tick tries again
+      note(`failed: ${e}`, since); // the chart stays as it was; the next tick tries again
     } finally {
       state.busy = false;
     }

@@ -29,7 +29,13 @@ VOCABULARY = {
     "engine_adapter.torch_extras",
 }
 PURE_POLICY = {"engine_adapter.policy.cost_model", "engine_adapter.policy.k_policy"}
-CLIS = {"engine_adapter.record", "engine_adapter.bench", "engine_adapter.sweep", "engine_adapter.sweep_targets"}
+CLIS = {
+    "engine_adapter.record",
+    "engine_adapter.bench",
+    "engine_adapter.sweep",
+    "engine_adapter.sweep_targets",
+    "engine_adapter.quant_check",
+}
 
 # layer -> what its modules may import from the project (a name, or a "pkg.*" prefix)
 ALLOWED: dict[str, set[str]] = {
