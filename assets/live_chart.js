@@ -3,8 +3,12 @@
   // engine's traces from __LIVE_CHART_PATH__ (answered by the app's HTTP door, built once per tick for
   // every page: no Gradio event, no figure rebuilt per page) and redraws the chart in place with
   // Plotly.react, adding its own request's tokens/s from the token view's steps (data-t: the engine
-  // host's monotonic seconds, the clock of the answer's `now`). It redraws only when the engine's
-  // data or the page's own steps changed, never while the tab is hidden, and one draw at a time.
+  // host's monotonic seconds, the clock of the answer's `now`). It redraws while the engine works
+  // (the time axis moves even through a long step) or when its data or the page's own steps
+  // changed, never while the tab is hidden, and one draw at a time.
+  // While the page's own request streams, a draw waits for its next step to land and goes right
+  // after it (at most STEP_WAIT_MS): the chart is drawn in the pause between two steps, and the
+  // token view the reader watches does not wait behind it.
   if (window.__specExplorerLiveChart) return;
   // what each tick did, the last 64 ([performance.now() ms, what, ms it took]): for scripts/ui_latency.py
   const state = (window.__specExplorerLiveChart = { busy: false, key: null, gd: null, traces: 0, log: [] });
@@ -14,6 +18,23 @@
   };
   const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\/$/, '');
   const BIN_S = 2;
+  const STEP_WAIT_MS = 2000;
+
+  function afterNextStep(view) {
+    // resolves once the token view changed (a step landed) and that frame is painted, or after
+    // STEP_WAIT_MS (a hidden tab paints none: then 100 ms after the change)
+    return new Promise((resolve) => {
+      const observer = new MutationObserver(() => settle());
+      const timer = setTimeout(() => settle(), STEP_WAIT_MS);
+      function settle() {
+        observer.disconnect();
+        clearTimeout(timer);
+        requestAnimationFrame(() => setTimeout(resolve, 0));
+        setTimeout(resolve, 100);
+      }
+      observer.observe(view, { childList: true, subtree: true, characterData: true });
+    });
+  }
 
   function ownSteps(now) {
     // [bin centre, tokens/s] of this page's request, as views.live_charts.foreground_rate bins them
@@ -40,10 +61,13 @@
       if (!r.ok) return note(`HTTP ${r.status}`, since); // 429 (slow down) or the app not answering
       const update = await r.json();
       const fetched = Math.round(performance.now() - since);
+      const view = document.querySelector('#token-view');
+      if (view && view.querySelector('.tv-cursor')) await afterNextStep(view);
       const own = ownSteps(update.now);
       const key = `${update.key}|${own.x.length}|${own.y.join(',')}`;
       // unchanged, and still on screen as drawn (Gradio may mount the plot afresh): nothing to do
-      if (key === state.key && gd === state.gd && (gd.data || []).length === state.traces) return note('same', since);
+      const shown = key === state.key && gd === state.gd && (gd.data || []).length === state.traces;
+      if (shown && !update.working) return note('same', since);
       const traces = update.traces.slice();
       if (own.x.length) {
         traces.push({ type: 'scatter', name: '__FOREGROUND_TRACE__', xaxis: 'x4', yaxis: 'y5',

@@ -3,6 +3,7 @@
     .venv/bin/python scripts/cold_start.py --cold              # an empty cost-model cache
     .venv/bin/python scripts/cold_start.py --warm              # the cost model already cached
     .venv/bin/python scripts/cold_start.py --cold --app-args "--reserved-cpus 1"
+    .venv/bin/python scripts/cold_start.py --cold --learn-s 300 --learn-load 4
 
 ``--cold`` makes a fresh cache folder (``SPEC_EXPLORER_CACHE``) holding only links to the
 model folders of the usual cache (``~/.cache/spec-explorer`` or ``$SPEC_EXPLORER_CACHE``), so
@@ -15,6 +16,12 @@ at the end (Ctrl-C, then SIGKILL of its session). Prints a table, then JSON as t
 the machine (CPU, cores, CPU kind, the engine's dtype: ``platform.machine_facts``), seconds from
 launch to the page answering, to "Measuring this machine", to ready, the first request's wall
 time and its kinds.
+
+``--learn-s S`` then keeps ``--learn-load`` background requests running for S seconds (the cost
+model learns from their steps), sets the load back to 0, waits until no background request runs,
+and runs the same request again: the JSON adds its wall time and kinds, the cost model's line
+from the K-policy panel at the first request and after learning, and ``first_over_learned``
+(the first request's speed over the second's: issue 33 asks at least 0.85).
 """
 
 from __future__ import annotations
@@ -87,6 +94,39 @@ def first_request(client: Client, prompt: str, max_tokens: int) -> dict:
     return {"first_request_s": round(time.monotonic() - t, 1), "kinds": dict(kinds)}
 
 
+def cost_model_line(client: Client) -> str:
+    """The K-policy panel's sentence on the cost model in force, from the page's chart tick."""
+    outputs = client.predict(False, api_name="/charts")
+    return next(
+        (o.split("Cost model:", 1)[1].strip() for o in outputs if isinstance(o, str) and "Cost model:" in o), ""
+    )
+
+
+def learned_request(client: Client, prompt: str, max_tokens: int, learn_s: float, load: int) -> dict:
+    """The same request again after ``learn_s`` seconds of ``load`` background requests."""
+    client.predict(load, api_name="/set_load")
+    end = time.monotonic() + learn_s
+    while time.monotonic() < end:  # the page's tick keeps the session's load alive
+        client.predict(False, api_name="/charts")
+        time.sleep(5.0)
+    client.predict(0, api_name="/set_load")
+    deadline = time.monotonic() + 300
+    while "No background load" not in str(client.predict(False, api_name="/charts")[0]):
+        if time.monotonic() > deadline:
+            raise SystemExit("the background load did not stop within 300 s")
+        time.sleep(1.0)
+    time.sleep(3.0)  # the cancelled requests leave the engine
+    learned_line = cost_model_line(client)
+    again = first_request(client, prompt, max_tokens)
+    return {
+        "learn_s": learn_s,
+        "learn_load": load,
+        "cost_model_learned": learned_line,
+        "learned_request_s": again["first_request_s"],
+        "learned_kinds": again["kinds"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
@@ -99,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt", default=FIRST_PROMPT)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--deadline-s", type=float, default=900.0)
+    p.add_argument("--learn-s", type=float, default=0.0, help="seconds of background load before the request again")
+    p.add_argument("--learn-load", type=int, default=4, help="background requests while learning (4)")
     p.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "cold_start_app.log")
     args = p.parse_args(argv)
 
@@ -108,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         marks = watch_launch(app, args.deadline_s)
         client = marks.pop("client")
+        marks["cost_model_first"] = cost_model_line(client)
         marks |= first_request(client, args.prompt, args.max_tokens)
+        if args.learn_s > 0:
+            marks |= learned_request(client, args.prompt, args.max_tokens, args.learn_s, args.learn_load)
+            marks["first_over_learned"] = round(marks["learned_request_s"] / marks["first_request_s"], 3)
     finally:
         app.stop()
     if args.cold and args.keep_cache and (cache / "cost").is_dir():

@@ -342,6 +342,8 @@ class Session:
         steal = steal_share(cpu_before, psutil.cpu_times())
         cores = cpu_cores(procs_before, cpu_seconds(self.s.app_pid), time.monotonic() - t_before)
         charts = self.page.evaluate("() => window.__uiLatency.charts")
+        ticks = self.page.evaluate("() => (window.__specExplorerLiveChart || {log: []}).log")
+        print(f"   the live chart's last ticks (page ms, what, ms): {ticks[-12:]}", file=sys.stderr, flush=True)
         long_tasks = [tuple(x) for x in self.page.evaluate("() => window.__uiLatency.long")]
         seen_running = max(x for x in (running, now_running, 0) if x is not None)
         bg_rate = readout_tokens_per_s(readout) if load else 0.0

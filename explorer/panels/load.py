@@ -33,6 +33,7 @@ from explorer.panels.context import PageContext
 from explorer.views.live_charts import (
     CHART_REFRESH_S,
     FOREGROUND_TRACE,
+    FRESH_S,
     WINDOW_S,
     bin_steps,
     engine_activity,
@@ -151,7 +152,9 @@ class LoadPanel:
         now = time.monotonic()
         activity = self.ctx.ticks.get("activity", lambda: engine_activity(self.backend, now))
         markers = [(t - now, n) for t, n in self.backend.load_changes]
-        return live_chart_update(live_chart_frame(self.backend, now), markers, now, repr(activity))
+        load = self.backend.background_stats()
+        working = bool(self.backend.steps_since(now - FRESH_S)) or bool(load and load.in_flight)
+        return live_chart_update(live_chart_frame(self.backend, now), markers, now, repr(activity), working)
 
     def leave(self, request: gr.Request) -> None:
         self.backend.release_background(self.ctx.session(request))

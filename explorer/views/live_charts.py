@@ -134,16 +134,18 @@ def marker_layout(
 
 
 def live_chart_update(
-    df: pd.DataFrame, markers: Sequence[tuple[float, int]], now: float, key: str = ""
+    df: pd.DataFrame, markers: Sequence[tuple[float, int]], now: float, key: str = "", working: bool = False
 ) -> dict[str, Any]:
     """What a page needs to redraw its live chart: the engine's traces, the layout's shapes and
     annotations (the panels' titles, then the load markers), ``key`` (the same while the engine's
-    data has not changed), and the server's ``now`` (the engine host's monotonic seconds, the token
-    view's ``data-t`` clock), from which the page bins its own request's steps into the foreground
-    trace."""
+    data has not changed), ``working`` (requests are in flight: the time axis moves even while a
+    long step, a large prefill, adds no data), and the server's ``now`` (the engine host's
+    monotonic seconds, the token view's ``data-t`` clock), from which the page bins its own
+    request's steps into the foreground trace."""
     shapes, labels = marker_layout(markers)
     titles = json.loads(_live_skeleton_json())["annotations"]
-    return {"now": now, "key": key, "traces": live_traces(df), "shapes": shapes, "annotations": titles + labels}
+    update = {"now": now, "key": key, "working": working, "traces": live_traces(df)}
+    return update | {"shapes": shapes, "annotations": titles + labels}
 
 
 def _values(column: pd.Series) -> list[float | None]:
