@@ -1,5 +1,5 @@
 """The quantisation lens, inside the "Who gets the discount" panel: the speedup measurements per
-model variant, and the picture of why the speedups of int8 and speculation do not multiply.
+model variant, and the picture of why the speedups of quantisation and speculation do not multiply.
 
 Contract: ``LensSection(ctx)``; ``build()`` adds its table (``#lens-table``) and figure
 (``#lens-plot``) inside the enclosing Blocks; ``outputs`` are both; on the page's chart timer,
@@ -27,7 +27,7 @@ class LensSection:
         self.backend = ctx.backend
 
     def build(self) -> None:
-        gr.Markdown("### One pool of idle compute: int8 and speculation on one engine")
+        gr.Markdown("### One pool of idle compute: quantisation and speculation on one engine")
         self.table = gr.Markdown(lens_markdown(self.backend.quant_lens()), elem_id="lens-table")
         self.plot = gr.Plot(show_label=False, elem_id="lens-plot")
         self.outputs = [self.table, self.plot]

@@ -1,4 +1,4 @@
-"""The quantisation lens drawn: one pool of idle compute, spent by batching, speculation and int8 (pure views).
+"""The quantisation lens drawn: one pool of idle compute, spent by batching, speculation and quantisation (pure views).
 
 Contract, from the backend's ``LensView`` (``engine_adapter.service.quant_lens``):
 - ``lens_markdown(view)``: the variant in force, then one row per measured (variant, load):
@@ -6,7 +6,7 @@ Contract, from the backend's ``LensView`` (``engine_adapter.service.quant_lens``
   per quantised variant the naive product of the two speedups against the measured combination,
   with the quantised target's text agreement with the full one (its own measurement, apart from
   speculation's guarantee);
-- ``lens_figure(view)``: per comparison, four bars: int8 alone, speculation alone, their product
+- ``lens_figure(view)``: per comparison, four bars: quantisation alone, speculation alone, their product
   and what the two gave together (all over the full pair's plain decoding at that load), with the
   1.0x line: the product's bar stands above the measured one where the two spend the same pool;
 - ``lens_key(view)``: what the figure shows, to redraw only when it changes.
@@ -19,7 +19,12 @@ import plotly.graph_objects as go
 from engine_adapter.engine_config import VARIANT_LABELS
 from engine_adapter.service.backend import LensComparison, LensView
 
-BAR_COLOURS = {"int8 alone": "#8c564b", "speculation alone": "#1f77b4", "product": "#bbbbbb", "together": "#2ca02c"}
+BAR_COLOURS = {
+    "quantisation alone": "#8c564b",
+    "speculation alone": "#1f77b4",
+    "product": "#bbbbbb",
+    "together": "#2ca02c",
+}
 HEIGHT = 320
 
 
@@ -34,7 +39,7 @@ def _fraction(value: float | None) -> str:
 def lens_markdown(view: LensView) -> str:
     head = (
         f"The engine runs the **{_label(view.variant)}** at a background load of {view.load}. The presenter "
-        "switches the model variant under Engine (a restart; the first switch to an int8 variant makes its "
+        "switches the model variant under Engine (a restart; the first switch to a quantised variant makes its "
         "copy, about 20 s for the packaged target) and measures the speedup at this load (above) at each: "
         "every measurement lands here."
     )
@@ -56,7 +61,7 @@ def lens_markdown(view: LensView) -> str:
     if view.comparisons:
         lines += [
             "",
-            "| variant | load | int8 alone | speculation alone | product | measured together | text agreement "
+            "| variant | load | quantisation alone | speculation alone | product | measured together | text agreement "
             "with the full target |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
@@ -76,7 +81,7 @@ def _sentence(c: LensComparison) -> str:
     over = c.product / c.measured - 1 if c.measured else 0.0
     verdict = "overstates" if over > 0 else "understates"
     return (
-        f"- At load {c.load}: int8 alone {c.quant_gain:.2f}x, speculation alone {c.spec_gain:.2f}x; multiplied "
+        f"- At load {c.load}: quantisation alone {c.quant_gain:.2f}x, speculation alone {c.spec_gain:.2f}x; multiplied "
         f"{c.product:.2f}x, measured together {c.measured:.2f}x: the product {verdict} it by {abs(over):.0%}. "
         "Both spend the same idle compute: the time a step waits on reading the weights."
     )
@@ -90,7 +95,7 @@ def lens_figure(view: LensView) -> go.Figure:
     fig = go.Figure()
     x = [f"{_label(c.variant)}, load {c.load}" for c in view.comparisons]
     series = {
-        "int8 alone": [c.quant_gain for c in view.comparisons],
+        "quantisation alone": [c.quant_gain for c in view.comparisons],
         "speculation alone": [c.spec_gain for c in view.comparisons],
         "product": [c.product for c in view.comparisons],
         "together": [c.measured for c in view.comparisons],

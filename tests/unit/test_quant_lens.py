@@ -54,7 +54,8 @@ def test_the_naive_product_against_the_measured_combination(full, quantised, qua
     assert "int8 target and draft" in text and f"**{measured:.2f}x**" in text and "50.0%" in text
     assert f"multiplied {product:.2f}x, measured together {measured:.2f}x" in text
     figure = lens_figure(view)
-    assert [bar.name for bar in figure.data] == ["int8 alone", "speculation alone", "product", "measured together"]
+    bars = ["quantisation alone", "speculation alone", "product", "measured together"]
+    assert [bar.name for bar in figure.data] == bars
     assert list(figure.data[2].y) == [pytest.approx(product)]
     assert lens_key(view) != lens_key(QuantLens().view("full", 0))
 
