@@ -37,7 +37,7 @@
   }
 
   function ownSteps(now) {
-    // [bin centre, tokens/s] of this page's request, as views.live_charts.foreground_rate bins them
+    // [bin centre, tokens/s] of this page's request: kept tokens per BIN_S bin of its steps' times
     const bins = new Map();
     for (const el of document.querySelectorAll('#token-view .tv-step')) {
       const t = parseFloat(el.dataset.t);

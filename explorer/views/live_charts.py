@@ -210,16 +210,6 @@ def _engine_traces(df: pd.DataFrame) -> list[dict[str, Any]]:
     return traces
 
 
-def foreground_rate(step_times: Sequence[tuple[float, int]], now: float, bin_s: float = BIN_S) -> pd.DataFrame:
-    """Tokens/s of the foreground request from (t, tokens emitted) per step."""
-    if not step_times:
-        return pd.DataFrame()
-    df = pd.DataFrame(step_times, columns=["t", "n"])
-    df["bin"] = (df["t"] - now) // bin_s * bin_s + bin_s / 2
-    g = df.groupby("bin")["n"].sum() / bin_s
-    return pd.DataFrame({"t": g.index, "tokens_per_s": g.values})
-
-
 def bin_prom(snapshots: Sequence[PromSnapshot], now: float, window_s: float = WINDOW_S) -> pd.DataFrame:
     """The same columns as ``bin_steps`` from ``/metrics`` snapshots (attach mode: no tap).
 
