@@ -54,11 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--categories", default="", help="preset categories (default: all)")
     add_model_arguments(p, max_model_len=False)
     args = p.parse_args(argv)
-    schemes = [s for s in args.schemes.split(",") if s] or runnable_schemes(args.dtype)
+    runnable = runnable_schemes(args.dtype)
+    schemes = [s for s in args.schemes.split(",") if s] or runnable
     models = [m for m in args.models.split(",") if m]
-    refused = [s for s in schemes if s not in runnable_schemes(args.dtype)] + [
-        m for m in models if m not in ("target", "draft")
-    ]
+    refused = [s for s in schemes if s not in runnable] + [m for m in models if m not in ("target", "draft")]
     if refused or not 1 <= args.max_tokens <= 1024:
         print(f"error: cannot check {', '.join(refused) or f'{args.max_tokens} tokens'} here", file=sys.stderr)
         return 2

@@ -241,6 +241,28 @@ def _running_samples(page, seconds: float) -> list[float]:
     return out
 
 
+def _long_runs_under_load(page, load: int) -> None:
+    """A background load of ``load``, running in vLLM, and runs of 1000 tokens."""
+    number = page.locator("#load input[type=number]")
+    number.fill(str(load))
+    number.press("Enter")
+    page.locator("#max-tokens input[type=number]").fill("1000")
+    page.locator("#max-tokens input[type=number]").press("Enter")
+    deadline = time.monotonic() + 60
+    while _engine_counts(page)[1] < load:
+        assert time.monotonic() < deadline, f"the background load of {load} did not start in vLLM"
+        time.sleep(0.1)
+
+
+def _short_runs_without_load(page) -> None:
+    """Back to the page's defaults: runs of 128 tokens, no background load (asked for)."""
+    page.locator("#max-tokens input[type=number]").fill("128")
+    page.locator("#max-tokens input[type=number]").press("Enter")
+    number = page.locator("#load input[type=number]")
+    number.fill("0")
+    number.press("Enter")
+
+
 REACTS_JS = """() => {
   window.__reacts = [];
   const gd = document.querySelector('#live-charts .js-plotly-plot');
@@ -253,15 +275,7 @@ def test_the_live_chart_redraws_while_the_pages_own_request_streams(page):
     """The live chart draws itself (assets/live_chart.js, every 2 s): under a background load, while
     the page's own long request streams, it keeps redrawing, with the request's own tokens/s."""
     load = 8
-    number = page.locator("#load input[type=number]")
-    number.fill(str(load))
-    number.press("Enter")
-    page.locator("#max-tokens input[type=number]").fill("1000")
-    page.locator("#max-tokens input[type=number]").press("Enter")
-    deadline = time.monotonic() + 60
-    while _engine_counts(page)[1] < load:
-        assert time.monotonic() < deadline, f"the background load of {load} did not start in vLLM"
-        time.sleep(0.1)
+    _long_runs_under_load(page, load)
     page.evaluate(REACTS_JS)
     page.locator("#prompt textarea").fill("Write a very long essay about the sea.")
     page.locator("#run").click()
@@ -280,10 +294,7 @@ def test_the_live_chart_redraws_while_the_pages_own_request_streams(page):
     page.screenshot(path=str(SHOTS / "4b-chart-while-streaming.png"), full_page=False)
     if page.locator("#token-view .tv-cursor").count():
         page.locator("#stop").click()
-    page.locator("#max-tokens input[type=number]").fill("128")
-    page.locator("#max-tokens input[type=number]").press("Enter")
-    number.fill("0")
-    number.press("Enter")
+    _short_runs_without_load(page)
     while_streaming = [t for t, streaming in reacts if streaming]
     log = page.evaluate("() => window.__specExplorerLiveChart.log")
     assert streamed_s >= 5, f"the request streamed only {streamed_s:.1f} s: too short to tell"
@@ -302,15 +313,7 @@ def test_enter_then_stop_ends_the_run_in_vllm(page):
     keeps the engine busy, so the run (1000 tokens) lasts several seconds on any machine: vLLM runs
     LOAD + 1 requests while it streams (tokens on the page say it runs), at most LOAD after Stop."""
     load = 8
-    number = page.locator("#load input[type=number]")
-    number.fill(str(load))
-    number.press("Enter")
-    page.locator("#max-tokens input[type=number]").fill("1000")
-    page.locator("#max-tokens input[type=number]").press("Enter")
-    deadline = time.monotonic() + 60
-    while _engine_counts(page)[1] < load:
-        assert time.monotonic() < deadline, f"the background load of {load} did not start in vLLM"
-        time.sleep(0.1)
+    _long_runs_under_load(page, load)
     prompt = page.locator("#prompt textarea")
     prompt.fill("Write a very long essay about the sea.")  # runs to its 1000 tokens on the tiny pair
     prompt.press("Shift+Enter")
@@ -331,10 +334,7 @@ def test_enter_then_stop_ends_the_run_in_vllm(page):
     playwright.expect(page.locator("#request-card")).to_contain_text("Stopped after")
     page.locator("#token-view").scroll_into_view_if_needed()
     page.screenshot(path=str(SHOTS / "5-enter-then-stop.png"), full_page=False)
-    page.locator("#max-tokens input[type=number]").fill("128")
-    page.locator("#max-tokens input[type=number]").press("Enter")
-    number.fill("0")
-    number.press("Enter")
+    _short_runs_without_load(page)
     page.wait_for_function(
         "() => document.querySelector('#load-readout').innerText.includes('No background load')", timeout=30_000
     )
