@@ -1,31 +1,38 @@
 () => {
-  // The live chart's own loop (explorer/panels/load.py): every __REFRESH_MS__ ms the page fetches the
-  // engine's traces from __LIVE_CHART_PATH__ (answered by the app's HTTP door, built once per tick for
-  // every page: no Gradio event, no figure rebuilt per page) and redraws the chart in place with
-  // Plotly.react, adding its own request's tokens/s from the token view's steps (data-t: the engine
-  // host's monotonic seconds, the clock of the answer's `now`). It redraws while the engine works
-  // (the time axis moves even through a long step) or when its data or the page's own steps
-  // changed, never while the tab is hidden, and one draw at a time.
-  // While the page's own request streams, a draw waits for its next step to land and goes right
-  // after it (at most STEP_WAIT_MS): the chart is drawn in the pause between two steps, and the
-  // token view the reader watches does not wait behind it.
+  // The live chart's own loop (explorer/panels/load.py): the page fetches the engine's traces from
+  // __LIVE_CHART_PATH__ (answered by the app's HTTP door, built once per tick for every page: no
+  // Gradio event, no figure rebuilt per page) and redraws the chart in place with Plotly.react, adding
+  // its own request's tokens/s from the token view's steps (data-t: the engine host's monotonic
+  // seconds, the clock of the answer's `now`). It redraws while the engine works (the time axis moves
+  // even through a long step) or when its data or the page's own steps changed, never while the tab
+  // is hidden, and one draw at a time: each tick schedules the next, so a slow answer delays the
+  // loop and never piles draws up.
+  // Redraws are due PERIOD_MS apart at most (end to end; aimed at DUE_MS). While the page's own request streams, a draw waits
+  // for its next step to land and goes right after it, in the pause between two steps (the token
+  // view the reader watches does not wait behind it), but no later than its due time: the tick that
+  // draws starts early enough to fetch and still leave that wait.
   if (window.__specExplorerLiveChart) return;
   // what each tick did, the last 64 ([performance.now() ms, what, ms it took]): for scripts/ui_latency.py
-  const state = (window.__specExplorerLiveChart = { busy: false, key: null, gd: null, traces: 0, log: [] });
+  const state = (window.__specExplorerLiveChart = {
+    key: null, gd: null, traces: 0, drawnAt: null, fetchMs: 200, drawMs: [], log: [] });
   const note = (what, since) => {
     state.log.push([Math.round(performance.now()), what, Math.round(performance.now() - since)]);
     if (state.log.length > 64) state.log.shift();
   };
   const root = ((window.gradio_config && window.gradio_config.root) || '').replace(/\/$/, '');
   const BIN_S = 2;
-  const STEP_WAIT_MS = 2000;
+  const PERIOD_MS = __REFRESH_MS__; // a redraw at least this often while the engine works
+  const DUE_MS = 0.9 * PERIOD_MS; // aimed at: the rest is room for a late timer or a slow frame
+  const STEP_SLACK_MS = 800; // the wait for a step that a drawing tick leaves itself
+  // the draw's own time (Plotly.react), kept within the period: the longest of the last 8
+  const drawMs = () => Math.max(100, ...state.drawMs);
 
-  function afterNextStep(view) {
+  function afterNextStep(view, maxWaitMs) {
     // resolves once the token view changed (a step landed) and that frame is painted, or after
-    // STEP_WAIT_MS (a hidden tab paints none: then 100 ms after the change)
+    // maxWaitMs (a hidden tab paints none: then 100 ms after the change)
     return new Promise((resolve) => {
       const observer = new MutationObserver(() => settle());
-      const timer = setTimeout(() => settle(), STEP_WAIT_MS);
+      const timer = setTimeout(() => settle(), maxWaitMs);
       function settle() {
         observer.disconnect();
         clearTimeout(timer);
@@ -51,37 +58,58 @@
   }
 
   async function tick() {
+    // one look at the engine; true when it drew
     const since = performance.now();
-    if (state.busy || document.hidden || !window.Plotly) return note(state.busy ? 'busy' : 'hidden', since);
+    if (document.hidden || !window.Plotly) return note('hidden', since);
     const gd = document.querySelector('#live-charts .js-plotly-plot');
     if (!gd || !gd.layout) return note('no plot', since);
-    state.busy = true;
+    const r = await fetch(`${root}__LIVE_CHART_PATH__`);
+    if (!r.ok) return note(`HTTP ${r.status}`, since); // 429 (slow down) or the app not answering
+    const update = await r.json();
+    const fetched = Math.round(performance.now() - since);
+    state.fetchMs = 0.7 * state.fetchMs + 0.3 * fetched;
+    // the time left before this draw is due (the first: after one wait for a step)
+    const left = state.drawnAt === null ? STEP_SLACK_MS : state.drawnAt + DUE_MS - drawMs() - performance.now();
+    const view = document.querySelector('#token-view');
+    if (view && view.querySelector('.tv-cursor') && left > 0) await afterNextStep(view, left);
+    else if (left > 0 && update.working) await new Promise((resolve) => setTimeout(resolve, left));
+    const own = ownSteps(update.now);
+    const key = `${update.key}|${own.x.length}|${own.y.join(',')}`;
+    // unchanged, and still on screen as drawn (Gradio may mount the plot afresh): nothing to do
+    const shown = key === state.key && gd === state.gd && (gd.data || []).length === state.traces;
+    if (shown && !update.working) return note('same', since);
+    const traces = update.traces.slice();
+    if (own.x.length) {
+      traces.push({ type: 'scatter', name: '__FOREGROUND_TRACE__', xaxis: 'x4', yaxis: 'y5',
+                    x: own.x, y: own.y, line: { color: '#9467bd' } });
+    }
+    const layout = Object.assign({}, gd.layout, { shapes: update.shapes, annotations: update.annotations });
+    const drawing = performance.now();
+    await window.Plotly.react(gd, traces, layout);
+    const drawn = performance.now();
+    state.drawMs = [...state.drawMs.slice(-7), drawn - drawing];
+    Object.assign(state, { key, gd, traces: traces.length, drawnAt: drawn });
+    note(`drawn (fetched in ${fetched}, drawn in ${Math.round(drawn - drawing)})`, since);
+    return true;
+  }
+
+  function nextTickIn(since, drew) {
+    // a drawing tick starts so that its fetch and a wait for a step fit before the next draw is due;
+    // a tick that did not draw looks again half a period later
+    if (!drew) return Math.max(0, since + PERIOD_MS / 2 - performance.now());
+    const lead = drawMs() + Math.min(state.fetchMs, PERIOD_MS / 2) + STEP_SLACK_MS;
+    return Math.max(0, state.drawnAt + DUE_MS - lead - performance.now());
+  }
+
+  async function loop() {
+    const since = performance.now();
+    let drew = false;
     try {
-      const r = await fetch(`${root}__LIVE_CHART_PATH__`);
-      if (!r.ok) return note(`HTTP ${r.status}`, since); // 429 (slow down) or the app not answering
-      const update = await r.json();
-      const fetched = Math.round(performance.now() - since);
-      const view = document.querySelector('#token-view');
-      if (view && view.querySelector('.tv-cursor')) await afterNextStep(view);
-      const own = ownSteps(update.now);
-      const key = `${update.key}|${own.x.length}|${own.y.join(',')}`;
-      // unchanged, and still on screen as drawn (Gradio may mount the plot afresh): nothing to do
-      const shown = key === state.key && gd === state.gd && (gd.data || []).length === state.traces;
-      if (shown && !update.working) return note('same', since);
-      const traces = update.traces.slice();
-      if (own.x.length) {
-        traces.push({ type: 'scatter', name: '__FOREGROUND_TRACE__', xaxis: 'x4', yaxis: 'y5',
-                      x: own.x, y: own.y, line: { color: '#9467bd' } });
-      }
-      const layout = Object.assign({}, gd.layout, { shapes: update.shapes, annotations: update.annotations });
-      await window.Plotly.react(gd, traces, layout);
-      Object.assign(state, { key, gd, traces: traces.length });
-      note(`drawn (fetched in ${fetched})`, since);
+      drew = (await tick()) === true;
     } catch (e) {
       note(`failed: ${e}`, since); // the chart stays as it was; the next tick tries again
-    } finally {
-      state.busy = false;
     }
+    setTimeout(loop, nextTickIn(since, drew));
   }
-  setInterval(tick, __REFRESH_MS__);
+  setTimeout(loop, PERIOD_MS / 2);
 }

@@ -1,6 +1,6 @@
 """Experiment: what every cell of a profile grid costs on this machine, step by step.
 
-    .venv/bin/python scripts/profile_grid.py [--reserved-cpus N] [--steps 5] [--grid default|full]
+    .venv/bin/python scripts/profile_grid.py [--reserved-cpus N] [--steps 5] [--grid default|full] [--again]
 
 Why: the profiler (``engine_adapter/policy/profiler.py``) measures a few cells
 before the app says ready, and the K policies read the curve fitted to them.
@@ -12,9 +12,15 @@ otherwise; ``profile_engine`` over ``--grid`` (``default``: the profiler's own
 cells; ``full``: batch sizes 1, 2, 4, 8, 16 x K 0, 1, 3, 5), every tap step
 recorded beside it. Nothing is cached.
 
+With ``--again`` the grid is profiled a second time, as the presenter's "measure
+again" does: with the first profile's model in force, whose ``estimate_profile_s``
+the page shows before it starts. Both runs check the page's time estimates: at each
+cell, the "time left" the progress said against the time the profile then took.
+
 Bounded: one engine on 127.0.0.1, the grid's requests only, stopped at the
 end. Report: the engine's start time, the profile's time, each cell's median
-and steps (ms), and (JSON last line) the fitted cost model with its cells.
+and steps (ms), the estimates' errors, and (JSON last line) the fitted cost
+model with its cells and the estimates.
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ import time
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine_config import EngineConfig
+from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
-from engine_adapter.policy.profiler import profile_engine
+from engine_adapter.policy.profiler import ProfileProgress, estimate_profile_s, profile_engine
 
 FULL_CELLS = ((1, 2, 4, 8, 16), (5, 3, 1, 0))  # batch sizes, Ks
 PROMPT = "Write a Python function that parses a CSV file and returns its rows as dictionaries."
@@ -52,18 +59,14 @@ async def main(args: argparse.Namespace) -> None:
             steps.append((s.batch_size, s.k, s.num_tokens, s.interval_s))
 
     recorder = asyncio.create_task(record())
+    checks: list[dict] = []
     try:
-        t1 = time.monotonic()
-        cost = await profile_engine(
-            engine.client,
-            [PROMPT],
-            5,
-            True,
-            grid=grid,
-            steps_per_cell=args.steps,
-            progress=lambda p: print(f"{time.monotonic() - t0:6.1f} s  {p.message}", flush=True),
-        )
-        profile_s = time.monotonic() - t1
+        cost, profile_s, said = await timed_profile(engine, grid, args.steps, None, t0)
+        checks.append(estimate_errors(said, profile_s, None))
+        if args.again:
+            estimate = estimate_profile_s(cost, grid, args.steps)
+            _, again_s, said = await timed_profile(engine, grid, args.steps, cost, t0)
+            checks.append(estimate_errors(said, again_s, estimate))
     finally:
         recorder.cancel()
         engine.client.tap.unwatch(q)
@@ -79,7 +82,46 @@ async def main(args: argparse.Namespace) -> None:
             f"b={p.batch_size:2d} K={p.k}  median {p.step_s * 1e3:6.0f} ms  fit {fit * 1e3:6.0f} ms"
             f"  steps {cells[(p.batch_size, p.k)]}"
         )
-    print(json.dumps({"engine_up_s": round(up_s, 1), "profile_s": round(profile_s, 1), "cost": cost.to_dict()}))
+    for run, check in enumerate(checks, 1):
+        print(f"run {run}: {check}")
+    out = {"engine_up_s": round(up_s, 1), "profile_s": round(profile_s, 1), "estimates": checks, "cost": cost.to_dict()}
+    print(json.dumps(out))
+
+
+async def timed_profile(
+    engine: LiveEngine, grid: ProfileGrid, steps: int, expect: CostModel | None, t0: float
+) -> tuple[CostModel, float, list[tuple[float, float | None, str]]]:
+    """One profile of ``grid``; its seconds, and what its progress said: (seconds in, left_s, message)."""
+    said: list[tuple[float, float | None, str]] = []
+    t1 = time.monotonic()
+
+    def progress(p: ProfileProgress) -> None:
+        said.append((time.monotonic() - t1, p.left_s, p.message))
+        left = f"  (about {p.left_s:.0f} s left)" if p.left_s else ""
+        print(f"{time.monotonic() - t0:6.1f} s  {p.message}{left}", flush=True)
+
+    cost = await profile_engine(
+        engine.client, [PROMPT], 5, True, grid=grid, steps_per_cell=steps, progress=progress, expect=expect
+    )
+    return cost, time.monotonic() - t1, said
+
+
+def estimate_errors(said: list[tuple[float, float | None, str]], took_s: float, estimate_s: float | None) -> dict:
+    """Each "time left" the progress said against the time the profile then took (signed, relative:
+    +0.2 said 20 % too much), and the estimate shown before it started, where there was one."""
+    errors = [
+        {"at_s": round(at, 1), "said_s": round(left, 1), "took_s": round(took_s - at, 1)}
+        | {"error": round(left / (took_s - at) - 1, 3)}
+        for at, left, _ in said
+        if left and took_s - at > 0
+    ]
+    out: dict = {"profile_s": round(took_s, 1), "left": errors}
+    if errors:
+        out["worst_left_error"] = max((e["error"] for e in errors), key=abs)
+    if estimate_s is not None:
+        out["estimate_s"] = round(estimate_s, 1)
+        out["estimate_error"] = round(estimate_s / took_s - 1, 3)
+    return out
 
 
 if __name__ == "__main__":
@@ -87,4 +129,5 @@ if __name__ == "__main__":
     ap.add_argument("--reserved-cpus", type=int, default=None, help="VLLM_CPU_NUM_OF_RESERVED_CPU (default: vLLM's)")
     ap.add_argument("--steps", type=int, default=4, help="samples per cell (the profiler's steps_per_cell)")
     ap.add_argument("--grid", choices=("default", "full"), default="default")
+    ap.add_argument("--again", action="store_true", help="profile again with the first model in force")
     asyncio.run(main(ap.parse_args()))

@@ -268,6 +268,7 @@ class LivePolicy:
                 cfg.method == "draft",
                 grid=grid,
                 progress=progress,
+                expect=ctl.cost,
                 **self.profile_kwargs,
             )
             ctl.cost = cost
@@ -303,6 +304,7 @@ class LivePolicy:
                 cfg.method == "draft",
                 grid=timing_grid(ctl.k_max),
                 progress=on_progress,
+                expect=prior.cost,
                 **self.profile_kwargs,
             )
             points = list(timed.points)

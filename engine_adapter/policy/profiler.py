@@ -15,6 +15,8 @@ hole in the draft KV, and a K>0 cell after it would time their catch-up. The
 cells' median seconds per step become ``CostPoint``s and are fitted, their
 tokens padded up to ``grid.capture_sizes`` (CUDA graphs). The engine's previous
 policy is NOT restored: the caller applies the policy it wants afterwards.
+Its ``progress`` reports say the time left, priced by ``expect`` (the cost model
+in force) where given, else by the cells measured so far (``ProfileMeter``).
 
 The grid comes from the machine (``profile_grid.config_profile_grid(config, platform)``,
 whose module says how): on a CPU it is small on purpose (batch sizes 1, 4, 16 x
@@ -76,15 +78,23 @@ from engine_adapter.records import EngineStep, profile_request_id
 STEPS_PER_CELL = 4  # the medians' samples: pure steps in a row under one K ...
 MAX_SPREAD = 0.1  # ... and as many again while their median absolute deviation exceeds 10 % of the median
 SETTLE_STEPS = 1  # steps skipped after a switch (a request's first decode); old-K proposals are filtered
+# what a cell costs beyond its samples and settling steps, in its own steps (the packaged pair on 2 CPU
+# cores took 7-10 steps a cell for 4 samples: docs/benchmarks.md, "the profile's time left"): the K
+# switch reaches the engine a step or two late (one step in flight), and a batch's first cell
+# prefills its requests
+ACK_STEPS = 3
+PREFILL_STEPS_PER_REQUEST = 1 / 8  # ... about 1 + b/8 steps for a batch of b short prompts
 PROMPT_WORDS = 8  # profiling prompts are cut to this many words (``short_prompt``)
 PROFILE_VERSION = 4  # in the cache key: profiles saved the old way (3: no acceptance) are measured again
 ACCEPTANCE_KEY = "acceptance"  # in the cache file: {"accepted": [...], "reached": [...]} per draft position
 
 
 def cell_weight(batch_size: int, k: int) -> float:
-    """Relative time a cell takes (a step's tokens past the first cost about 1/16 of it on a CPU);
-    the progress fraction and the time left are weighted by it."""
-    return 1.0 + batch_size * (k + 1) / 16.0
+    """Relative time a cell takes (a step's tokens past the first cost about 1/8 of it on a CPU: the
+    packaged pair's batch of 16 at K=3 took 6.4 times its single request's cell, docs/benchmarks.md,
+    "the profile's time left"); the progress fraction is weighted by it, and the time left until
+    the measured cells span two batch sizes."""
+    return 1.0 + batch_size * (k + 1) / 8.0
 
 
 @dataclass(frozen=True)
@@ -178,11 +188,24 @@ def save_cached(path: Path, model: CostModel, acceptance: PositionCounts | None 
 
 
 def estimate_profile_s(cost: CostModel, grid: ProfileGrid, steps_per_cell: int = STEPS_PER_CELL) -> float:
-    """Seconds a profile of ``grid`` takes by ``cost``'s own step times (the settling steps and
-    each batch's prefill, about 3 steps, included): what re-measuring keeps visitors waiting."""
-    steps = sum((steps_per_cell + SETTLE_STEPS + 1) * _cell_s(cost, b, k) for b, k in grid.cells)
-    prefill = sum(3 * _cell_s(cost, b, grid.ks[0]) for b in set(grid.batch_sizes))
-    return steps + prefill
+    """Seconds a profile of ``grid`` takes by ``cost``'s own step times (``cell_estimates_s``):
+    what re-measuring keeps visitors waiting."""
+    return sum(cell_estimates_s(cost, grid, steps_per_cell))
+
+
+def cell_estimates_s(cost: CostModel, grid: ProfileGrid, steps_per_cell: int = STEPS_PER_CELL) -> list[float]:
+    """Seconds each of ``grid.cells`` takes by ``cost``'s step times, in the order measured: its
+    samples, the settling step and the switch's own (``ACK_STEPS``) and, in each batch size's first
+    cell, that batch's prefill (``PREFILL_STEPS_PER_REQUEST``)."""
+    out: list[float] = []
+    started: set[int] = set()
+    for b, k in grid.cells:
+        seconds = (steps_per_cell + SETTLE_STEPS + ACK_STEPS) * _cell_s(cost, b, k)
+        if b not in started:
+            started.add(b)
+            seconds += (1 + b * PREFILL_STEPS_PER_REQUEST) * _cell_s(cost, b, grid.ks[0])
+        out.append(seconds)
+    return out
 
 
 def _cell_s(cost: CostModel, batch_size: int, k: int) -> float:
@@ -209,12 +232,13 @@ async def profile_engine(
     steps_per_cell: int = STEPS_PER_CELL,
     progress: Callable[[ProfileProgress], None] | None = None,
     cell_timeout_s: float = 240.0,  # a bound for a stuck engine; a first cell includes its batch's prefill
+    expect: CostModel | None = None,  # the cost model in force: the progress's time left is priced by it
 ) -> CostModel:
     if client.tap is None or not client.live_policies:
         raise RuntimeError("profiling needs the scheduler tap and live K policies (EngineConfig.k_max)")
     grid = grid or default_grid(k_max)
     ks = sorted(set(grid.ks), reverse=True)
-    meter = _Meter(grid.cells, progress)
+    meter = ProfileMeter(grid, steps_per_cell, expect, progress)
     observed: list[tuple[int, int, int, float]] = []
     q = client.tap.watch()
     try:
@@ -325,19 +349,31 @@ def is_stable(step_s: Sequence[float], max_spread: float = MAX_SPREAD) -> bool:
     return median(abs(s - mid) for s in step_s) <= max_spread * mid
 
 
-class _Meter:
-    """Progress over the cells, weighted by ``cell_weight``; time left from the pace so far."""
+class ProfileMeter:
+    """Progress over the cells, weighted by ``cell_weight``. The time left comes from measured step
+    times: the remaining cells' ``cell_estimates_s`` by the cost model in force (``expect``) or,
+    without one, by two models fitted to the cells measured so far (once they span two batch
+    sizes; ``left_s`` says why two), times the ratio of the time the cells done took to what the
+    model says they take (the profile's own overheads: switch acknowledgements, extra samples,
+    fresh batches). Before any model, from the weights and the pace so far."""
 
-    def __init__(self, cells: list[tuple[int, int]], progress: Callable[[ProfileProgress], None] | None) -> None:
-        self._progress = progress
-        self._total = sum(cell_weight(b, k) for b, k in cells)
+    def __init__(
+        self,
+        grid: ProfileGrid,
+        steps_per_cell: int,
+        expect: CostModel | None,
+        progress: Callable[[ProfileProgress], None] | None,
+    ) -> None:
+        self._grid, self._steps_per_cell = grid, steps_per_cell
+        self._expect, self._progress = expect, progress
+        self._total = sum(cell_weight(b, k) for b, k in grid.cells)
         self._done = 0.0
-        self._cells = len(cells)
         self._n = 0
         self._t0 = time.monotonic()
 
     def cell_starts(self, b: int, k: int, observed: list) -> None:
-        self.report(f"{b} request{'s' if b > 1 else ''} x K={k} (cell {self._n + 1} of {self._cells})", observed)
+        cells = len(self._grid.cells)
+        self.report(f"{b} request{'s' if b > 1 else ''} x K={k} (cell {self._n + 1} of {cells})", observed)
 
     def cell_done(self, b: int, k: int) -> None:
         self._done += cell_weight(b, k)
@@ -347,10 +383,28 @@ class _Meter:
         if self._progress is None:
             return
         frac = 1.0 if done else self._done / self._total
-        elapsed = time.monotonic() - self._t0
-        left = elapsed * (1 - frac) / frac if 0 < frac < 1 else (0.0 if done else None)
         points = tuple(points_from_steps(observed, min_samples=3))
+        left = 0.0 if done else self.left_s(points, time.monotonic() - self._t0, frac)
         self._progress(ProfileProgress(frac, message, left, points))
+
+    def left_s(self, points: Sequence[CostPoint], elapsed_s: float, frac: float) -> float | None:
+        """Seconds the cells not yet done will take (None: nothing to go by yet)."""
+        if self._expect is not None:
+            return self._priced_left_s(self._expect, elapsed_s)
+        if len({p.batch_size for p in points}) < 2:
+            return elapsed_s * (1 - frac) / frac if 0 < frac < 1 else None
+        # two fits bracket a batch larger than any measured: fitted to a few cells, the drafter's
+        # per-request terms stand in for the slope (too cheap); the hinge alone charges the drafter's
+        # passes to the tokens (too dear). Their mean was within 7 % of six measured profiles'
+        # batch of 16 (docs/benchmarks.md, "the profile's time left")
+        fits = [fit_cost_model(points, drafter, self._grid.capture_sizes) for drafter in (True, False)]
+        return sum(self._priced_left_s(fit, elapsed_s) for fit in fits) / len(fits)
+
+    def _priced_left_s(self, model: CostModel, elapsed_s: float) -> float:
+        cells = cell_estimates_s(model, self._grid, self._steps_per_cell)
+        done_s = sum(cells[: self._n])
+        pace = elapsed_s / done_s if self._n and done_s > 0 else 1.0
+        return pace * sum(cells[self._n :])
 
 
 def short_prompt(prompt: str, words: int = PROMPT_WORDS) -> str:

@@ -8,7 +8,11 @@ from engine_adapter.engine.tap_receiver import summarize
 from engine_adapter.policy.cost_model import CostModel, CostPoint
 from engine_adapter.policy.profile_grid import ProfileGrid
 from engine_adapter.policy.profiler import (
+    ACK_STEPS,
+    PREFILL_STEPS_PER_REQUEST,
     SETTLE_STEPS,
+    ProfileMeter,
+    cell_estimates_s,
     cell_max_tokens,
     default_ks,
     estimate_profile_s,
@@ -58,9 +62,44 @@ def test_the_time_estimate_adds_up_the_cells_own_step_times():
     grid = ProfileGrid((1, 2), tuple(default_ks(3)))
     cells = len(profile_cells((1, 2), default_ks(3)))
     estimate = estimate_profile_s(flat, grid, steps_per_cell=10)
-    assert estimate == pytest.approx(cells * (10 + SETTLE_STEPS + 1) * 0.1 + 2 * 3 * 0.1)
+    prefills = (1 + 1 * PREFILL_STEPS_PER_REQUEST) + (1 + 2 * PREFILL_STEPS_PER_REQUEST)  # batches of 1 and 2
+    assert estimate == pytest.approx(cells * (10 + SETTLE_STEPS + ACK_STEPS) * 0.1 + prefills * 0.1)
     measured = CostModel(0.1, 0.0, 1e9, points=(CostPoint(2, 3, 8, 1.0, 10),))  # one slow measured cell
     assert estimate_profile_s(measured, grid, steps_per_cell=10) > estimate + 10
+
+
+def _hinge(b: int, k: int) -> float:
+    """A machine's step time: 100 ms flat up to 8 tokens, 20 ms per token beyond, 30 ms a draft pass."""
+    return 0.1 + 0.02 * max(0, b * (k + 1) - 8) + 0.03 * k
+
+
+def test_the_time_left_is_the_cost_models_estimate_scaled_by_the_pace_so_far():
+    expect = CostModel(base_s=0.1, slope_s=0.02, knee_tokens=8, draft_s=0.03, first_s=0.03)
+    grid = ProfileGrid((1, 4, 16), tuple(default_ks(3)))
+    meter = ProfileMeter(grid, 4, expect, None)
+    cells = cell_estimates_s(expect, grid, 4)
+    assert meter.left_s((), 0.0, 0.0) == pytest.approx(sum(cells))  # before a cell: the estimate itself
+    for b, k in grid.cells[:4]:
+        meter.cell_done(b, k)
+    # the cells done took 1.5 times the estimate (a slower machine, or the switches' overhead): so will the rest
+    assert meter.left_s((), 1.5 * sum(cells[:4]), 0.3) == pytest.approx(1.5 * sum(cells[4:]))
+
+
+def test_without_a_cost_model_the_time_left_comes_from_the_cells_measured_so_far():
+    grid = ProfileGrid((1, 4, 16), (3, 1, 0))
+    meter = ProfileMeter(grid, 4, None, None)
+    one_size = [CostPoint(1, k, k + 1, _hinge(1, k), 4) for k in (3, 1, 0)]
+    for b, k in grid.cells[:3]:
+        meter.cell_done(b, k)
+    assert meter.left_s(one_size, 3.0, 0.25) == pytest.approx(3.0 * 0.75 / 0.25)  # one batch size: the pace
+    two_sizes = [*one_size, *(CostPoint(4, k, 4 * (k + 1), _hinge(4, k), 4) for k in (3, 1, 0))]
+    for b, k in grid.cells[3:6]:
+        meter.cell_done(b, k)
+    elapsed = sum(cell_estimates_s(CostModel(0.1, 0.02, 8, draft_s=0.03, first_s=0.03), grid, 4)[:6])
+    # the fits to the six cells price the batch of 16 they have not seen: one too cheap, one too dear
+    truth = sum((4 + SETTLE_STEPS + ACK_STEPS) * _hinge(16, k) for k in (3, 1, 0))
+    truth += (1 + 16 * PREFILL_STEPS_PER_REQUEST) * _hinge(16, 3)
+    assert meter.left_s(two_sizes, elapsed, 0.4) == pytest.approx(truth, rel=0.1)
 
 
 @pytest.mark.parametrize(
