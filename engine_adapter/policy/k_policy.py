@@ -24,6 +24,9 @@ and the tests call the same code):
   shrinkage prior from all requests, giving each request's survival scores;
 - ``idle_drafter_k(k_policy, ...)``: the K a table policy's step runs with when
   the draft model idles at K = 0 (``idle_drafter.py``).
+- ``one_request_outlook(cost, alphas, k_max)``: the hardware's part in a speedup:
+  what a draft pass and a verification cost against a plain step at one request's
+  best K, and the speedup that allows (``OneRequestOutlook``).
 
 Units: probabilities in [0, 1]; tokens per step; seconds via ``CostModel``.
 """
@@ -70,6 +73,34 @@ def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int
     """K in 0..k_max maximising E(K) / step_s(b, K), and the rate for each K (tokens/s per request)."""
     rate = [expected_tokens(alphas, k) / cost.step_s(batch_size, k) for k in range(k_max + 1)]
     return best_k_of(rate), rate
+
+
+@dataclass(frozen=True)
+class OneRequestOutlook:
+    """What the machine allows one request, by a cost model and the acceptance measured."""
+
+    plain_s: float  # a plain step (K=0, one request), s
+    k: int  # one request's best K; 1 where none pays (what drafting would cost)
+    draft_pass_share: float  # a draft pass at K, on average, over a plain step
+    verify_share: float  # verifying K + 1 tokens, over a plain step
+    speedup: float  # E(K) over the step's cost in plain steps: at K, against plain decoding
+
+
+def one_request_outlook(cost: CostModel, alphas: Sequence[float], k_max: int) -> OneRequestOutlook | None:
+    """The hardware's part in one request's speedup (None: no acceptance measured, or no step time)."""
+    usable = min(k_max, len(alphas))
+    plain_s = cost.step_s(1, 0)
+    if usable < 1 or plain_s <= 0:
+        return None
+    best, rate = best_k(cost, alphas, 1, usable)
+    k = max(best, 1)
+    return OneRequestOutlook(
+        plain_s=plain_s,
+        k=k,
+        draft_pass_share=cost.draft_cost_s(1, k) / k / plain_s,
+        verify_share=cost.verify_s(k + 1) / plain_s,
+        speedup=rate[k] / rate[0],
+    )
 
 
 def best_k_of(rate: Sequence[float]) -> int:

@@ -9,7 +9,8 @@ its records, nothing else:
 - ``replay_status_markdown(info)``: that line for a ``ReplayInfo`` (file,
   recorded config, position and length in m:ss, speed);
 - ``policy_status_markdown(view)``: the K policy in force, the cost model,
-  profiling progress, for a ``PolicyView``;
+  profiling progress and the machine's part in one request's speedup
+  (``outlook_sentence``), for a ``PolicyView``;
 - ``acceptance_banner_markdown(status)``: the banner every page shows while a lossy
   acceptance rule is in force ("" under vLLM's lossless rule);
 - ``load_readout_markdown(backend, session)``: one session's background load
@@ -28,6 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from engine_adapter.engine_config import FULL_VARIANT, VARIANT_LABELS
+from engine_adapter.policy.k_policy import OneRequestOutlook, one_request_outlook
 from engine_adapter.service.backend import Backend, RecordingStatus, ReplayInfo, ServiceStatus, StartTimes
 
 if TYPE_CHECKING:
@@ -191,9 +193,23 @@ def policy_status_markdown(v: PolicyView) -> str:
         )
         if v.profile_estimate_s is not None:
             parts.append(f"Measuring again stops visitors' requests for about {v.profile_estimate_s:.0f} s.")
+        outlook = one_request_outlook(v.cost, v.alphas, v.k_max)
+        if outlook is not None:
+            parts.append(outlook_sentence(outlook))
     if v.error:
         parts.append(f"✕ {v.error}")
     return " ".join(parts)
+
+
+def outlook_sentence(o: OneRequestOutlook) -> str:
+    """The hardware's part in every speedup, in one sentence (``k_policy.one_request_outlook``)."""
+    costs = (
+        f"The machine's part: a plain step takes {o.plain_s * 1e3:.0f} ms; at K={o.k} a draft pass costs "
+        f"{o.draft_pass_share:.2f} of it and verifying {o.k + 1} tokens {o.verify_share:.2f}"
+    )
+    if o.speedup <= 1.0:
+        return f"{costs}, so with the acceptance measured no K pays at one request (K={o.k}: {o.speedup:.2f}x)."
+    return f"{costs}, so with the acceptance measured one request gets about {o.speedup:.2f}x plain decoding."
 
 
 def _engine_running_markdown(backend: Backend) -> str:

@@ -152,3 +152,5 @@ def test_the_page_names_where_a_shipped_cost_model_stands():
     assert f"Cost model: {note}; {len(PRIOR.points)} cells in its fit" in text
     cached = policy_status_markdown(replace(view, cost_source="cache", cost_note=None))
     assert "measured earlier on this machine (cache)" in cached
+    plain_ms = PRIOR.step_s(1, 0) * 1e3
+    assert f"The machine's part: a plain step takes {plain_ms:.0f} ms; at K=1 a draft pass costs" in text

@@ -17,6 +17,7 @@ from engine_adapter.policy.k_policy import (
     expected_tokens,
     idle_drafter_k,
     non_increasing_ks,
+    one_request_outlook,
     rows_from_ks,
 )
 
@@ -421,3 +422,26 @@ def test_equal_slots_share_the_same_budget_alike(lengths: dict, total: int, expe
     got = equal_slots(lengths, total)
     assert got == expected
     assert sum(got.values()) == min(total, sum(lengths.values()))
+
+
+# a 2-core CPU's step, as profiled for the packaged pair: 200 ms plain, a draft pass about 50 ms
+PAIR = CostModel(base_s=0.200, slope_s=0.02, knee_tokens=8, draft_s=0.05, first_s=0.05)
+
+
+def test_one_requests_outlook_prices_the_best_k_in_plain_steps():
+    alphas = [0.9, 0.9, 0.9, 0.9, 0.9]
+    o = one_request_outlook(PAIR, alphas, k_max=5)
+    assert o is not None and o.plain_s == pytest.approx(0.2)
+    rates = [expected_tokens(alphas, k) / PAIR.step_s(1, k) for k in range(6)]
+    assert o.k == max(range(6), key=lambda k: rates[k])
+    assert o.draft_pass_share == pytest.approx(0.25)  # 50 ms of 200, every pass alike here
+    assert o.verify_share == pytest.approx(1.0)  # K + 1 tokens below the knee: a plain step's read
+    assert o.speedup == pytest.approx(rates[o.k] / rates[0])
+
+
+def test_where_no_k_pays_the_outlook_says_what_k1_would_cost():
+    dear = CostModel(base_s=0.2, slope_s=0.0, knee_tokens=8, draft_s=0.3, first_s=0.3)  # a draft pass > a step
+    o = one_request_outlook(dear, [0.5, 0.5], k_max=3)
+    assert o is not None and o.k == 1 and o.speedup < 1.0
+    assert o.speedup == pytest.approx(1.5 / (0.5 / 0.2))
+    assert one_request_outlook(dear, [], k_max=3) is None  # no acceptance measured: nothing to say
