@@ -7,10 +7,12 @@
   // even through a long step) or when its data or the page's own steps changed, never while the tab
   // is hidden, and one draw at a time: each tick schedules the next, so a slow answer delays the
   // loop and never piles draws up.
-  // Redraws are due PERIOD_MS apart at most (end to end; aimed at DUE_MS). While the page's own request streams, a draw waits
-  // for its next step to land and goes right after it, in the pause between two steps (the token
-  // view the reader watches does not wait behind it), but no later than its due time: the tick that
-  // draws starts early enough to fetch and still leave that wait.
+  // Redraws are due PERIOD_MS apart at most (end to end; aimed at DUE_MS), and never closer than
+  // MIN_GAP_MS. While the page's own request streams, a draw waits for its next step to land and
+  // goes right after it, in the pause between two steps (the token view the reader watches does not
+  // wait behind it), but no later than its due time: the tick that draws starts early enough to
+  // fetch and still leave that wait. A tick that did not draw looks again IDLE_MS later; one the
+  // app refused or did not answer, after its Retry-After or PERIOD_MS, whichever is longer.
   if (window.__specExplorerLiveChart) return;
   // what each tick did, the last 64 ([performance.now() ms, what, ms it took]): for scripts/ui_latency.py
   const state = (window.__specExplorerLiveChart = {
@@ -24,6 +26,9 @@
   const PERIOD_MS = __REFRESH_MS__; // a redraw at least this often while the engine works
   const DUE_MS = 0.9 * PERIOD_MS; // aimed at: the rest is room for a late timer or a slow frame
   const STEP_SLACK_MS = 800; // the wait for a step that a drawing tick leaves itself
+  const MIN_GAP_MS = PERIOD_MS / 4; // a slow page's draws still leave its main thread this much
+  const IDLE_MS = 0.75 * PERIOD_MS; // nothing changed: the next look (a change is drawn by 2 s)
+  const FETCH_TIMEOUT_MS = 5 * PERIOD_MS; // an answer that never comes does not stop the loop
   // the draw's own time (Plotly.react), kept within the period: the longest of the last 8
   const drawMs = () => Math.max(100, ...state.drawMs);
 
@@ -58,26 +63,32 @@
   }
 
   async function tick() {
-    // one look at the engine; true when it drew
+    // one look at the engine: 'drawn', 'idle' (nothing to draw) or, the app refused or did not
+    // answer, the ms to wait before the next look
     const since = performance.now();
-    if (document.hidden || !window.Plotly) return note('hidden', since);
+    if (document.hidden || !window.Plotly) return idle('hidden', since);
     const gd = document.querySelector('#live-charts .js-plotly-plot');
-    if (!gd || !gd.layout) return note('no plot', since);
-    const r = await fetch(`${root}__LIVE_CHART_PATH__`);
-    if (!r.ok) return note(`HTTP ${r.status}`, since); // 429 (slow down) or the app not answering
+    if (!gd || !gd.layout) return idle('no plot', since);
+    const r = await fetch(`${root}__LIVE_CHART_PATH__`, { signal: AbortSignal.timeout(FETCH_TIMEOUT_MS) });
+    if (!r.ok) { // 429 (slow down) or the app not answering
+      note(`HTTP ${r.status}`, since);
+      return Math.max(PERIOD_MS, 1000 * (parseFloat(r.headers.get('Retry-After')) || 0));
+    }
     const update = await r.json();
     const fetched = Math.round(performance.now() - since);
     state.fetchMs = 0.7 * state.fetchMs + 0.3 * fetched;
-    // the time left before this draw is due (the first: after one wait for a step)
-    const left = state.drawnAt === null ? STEP_SLACK_MS : state.drawnAt + DUE_MS - drawMs() - performance.now();
     const view = document.querySelector('#token-view');
-    if (view && view.querySelector('.tv-cursor') && left > 0) await afterNextStep(view, left);
+    const streaming = !!(view && view.querySelector('.tv-cursor'));
+    // the time left before this draw is due (the first: one wait for a step, if the page's own streams)
+    const first = streaming ? STEP_SLACK_MS : 0;
+    const left = state.drawnAt === null ? first : state.drawnAt + DUE_MS - drawMs() - performance.now();
+    if (streaming && left > 0) await afterNextStep(view, left);
     else if (left > 0 && update.working) await new Promise((resolve) => setTimeout(resolve, left));
     const own = ownSteps(update.now);
     const key = `${update.key}|${own.x.length}|${own.y.join(',')}`;
     // unchanged, and still on screen as drawn (Gradio may mount the plot afresh): nothing to do
     const shown = key === state.key && gd === state.gd && (gd.data || []).length === state.traces;
-    if (shown && !update.working) return note('same', since);
+    if (shown && !update.working) return idle('same', since);
     const traces = update.traces.slice();
     if (own.x.length) {
       traces.push({ type: 'scatter', name: '__FOREGROUND_TRACE__', xaxis: 'x4', yaxis: 'y5',
@@ -90,26 +101,32 @@
     state.drawMs = [...state.drawMs.slice(-7), drawn - drawing];
     Object.assign(state, { key, gd, traces: traces.length, drawnAt: drawn });
     note(`drawn (fetched in ${fetched}, drawn in ${Math.round(drawn - drawing)})`, since);
-    return true;
+    return 'drawn';
   }
 
-  function nextTickIn(since, drew) {
-    // a drawing tick starts so that its fetch and a wait for a step fit before the next draw is due;
-    // a tick that did not draw looks again half a period later
-    if (!drew) return Math.max(0, since + PERIOD_MS / 2 - performance.now());
+  function idle(what, since) {
+    note(what, since);
+    return 'idle';
+  }
+
+  function nextTickIn(since, outcome) {
+    // a drawing tick starts so that its fetch and a wait for a step fit before the next draw is due
+    if (typeof outcome === 'number') return outcome;
+    if (outcome === 'idle') return Math.max(0, since + IDLE_MS - performance.now());
     const lead = drawMs() + Math.min(state.fetchMs, PERIOD_MS / 2) + STEP_SLACK_MS;
-    return Math.max(0, state.drawnAt + DUE_MS - lead - performance.now());
+    const now = performance.now();
+    return Math.max(state.drawnAt + MIN_GAP_MS - now, state.drawnAt + DUE_MS - lead - now, 0);
   }
 
   async function loop() {
     const since = performance.now();
-    let drew = false;
+    let outcome = PERIOD_MS;
     try {
-      drew = (await tick()) === true;
+      outcome = await tick();
     } catch (e) {
       note(`failed: ${e}`, since); // the chart stays as it was; the next tick tries again
     }
-    setTimeout(loop, nextTickIn(since, drew));
+    setTimeout(loop, nextTickIn(since, outcome));
   }
   setTimeout(loop, PERIOD_MS / 2);
 }

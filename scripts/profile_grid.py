@@ -63,6 +63,7 @@ async def main(args: argparse.Namespace) -> None:
     try:
         cost, profile_s, said = await timed_profile(engine, grid, args.steps, None, t0)
         checks.append(estimate_errors(said, profile_s, None))
+        first_run_steps = len(steps)  # the cells below list the first profile's steps only
         if args.again:
             estimate = estimate_profile_s(cost, grid, args.steps)
             _, again_s, said = await timed_profile(engine, grid, args.steps, cost, t0)
@@ -73,7 +74,7 @@ async def main(args: argparse.Namespace) -> None:
         await engine.close()
     print(f"profile took {profile_s:.1f} s")
     cells: dict[tuple[int, int], list[int]] = collections.defaultdict(list)
-    for b, k, n, s in steps:
+    for b, k, n, s in steps[:first_run_steps]:
         if n <= b * (k + 1):
             cells[(b, k)].append(round(s * 1e3))
     for p in cost.points:

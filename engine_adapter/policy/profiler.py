@@ -92,8 +92,8 @@ ACCEPTANCE_KEY = "acceptance"  # in the cache file: {"accepted": [...], "reached
 def cell_weight(batch_size: int, k: int) -> float:
     """Relative time a cell takes (a step's tokens past the first cost about 1/8 of it on a CPU: the
     packaged pair's batch of 16 at K=3 took 6.4 times its single request's cell, docs/benchmarks.md,
-    "the profile's time left"); the progress fraction is weighted by it, and the time left until
-    the measured cells span two batch sizes."""
+    "the profile's time left"); the progress fraction is weighted by it, and, with no cost model
+    in force, the time left until the measured cells span two batch sizes."""
     return 1.0 + batch_size * (k + 1) / 8.0
 
 
@@ -203,7 +203,7 @@ def cell_estimates_s(cost: CostModel, grid: ProfileGrid, steps_per_cell: int = S
         seconds = (steps_per_cell + SETTLE_STEPS + ACK_STEPS) * _cell_s(cost, b, k)
         if b not in started:
             started.add(b)
-            seconds += (1 + b * PREFILL_STEPS_PER_REQUEST) * _cell_s(cost, b, grid.ks[0])
+            seconds += (1 + b * PREFILL_STEPS_PER_REQUEST) * _cell_s(cost, b, max(grid.ks))
         out.append(seconds)
     return out
 
