@@ -233,6 +233,14 @@ def _engine_counts(page) -> tuple[float, float]:
     return _metric(lines, "vllm:generation_tokens_total"), _metric(lines, "vllm:num_requests_running")
 
 
+def _long_requests_finished(page) -> float:
+    """Requests vLLM finished with more than 500 tokens (its generation-tokens histogram; an aborted
+    request is not counted in it)."""
+    lines = _engine_metrics(page)
+    everyone = _metric(lines, "vllm:request_generation_tokens_count")
+    return everyone - _metric(lines, "vllm:request_generation_tokens_bucket", 'le="500.0"')
+
+
 def _running_samples(page, seconds: float) -> list[float]:
     deadline, out = time.monotonic() + seconds, []
     while time.monotonic() < deadline:
@@ -338,12 +346,18 @@ def test_enter_then_stop_ends_the_run_in_vllm(page):
     # its first engine step on the page: vLLM runs it (the prompt box's submit started it); Stop at
     # once, since the page lags the engine when the machine is busy and the run must still be going
     page.wait_for_function("() => document.querySelectorAll('#token-view .tv-step').length >= 1", timeout=30_000)
+    long_before = _long_requests_finished(page)
     page.locator("#stop").click()
     # a page far behind the engine (a busy runner: the tiny pair streams tens of steps a second) handles
-    # the click, and the messages already sent to it, late: give both 20 s, then hold them for 3 s and 1 s
-    _wait_for(lambda: _engine_counts(page)[1] <= load, 20, "vLLM to end the stopped request")
-    after = _running_samples(page, 3.0)
-    assert max(after) <= load, f"vLLM still runs the stopped request: {after}"
+    # the click, and the messages already sent to it, late: the page marks the run stopped when it
+    # handles the click and sends the cancel (assets/stop_run.js). From then on vLLM must come down to
+    # the load's LOAD requests (which come and go: fewer running at one moment says nothing, so 3 s in a
+    # row), without the run finishing its 1000 tokens (the load's requests are 128 at most): aborted
+    playwright.expect(page.locator("#token-view .tv-footer")).to_contain_text("Stopped:", timeout=20_000)
+    deadline = time.monotonic() + 20
+    while max(samples := _running_samples(page, 3.0)) > load:
+        assert time.monotonic() < deadline, f"vLLM still runs the stopped request: {samples}"
+    assert _long_requests_finished(page) == long_before, "the stopped run went on to its 1000 tokens in vLLM"
     _wait_for(lambda: _steps_settled(page, 1.0), 20, "the page to take no more tokens after Stop")
     # the cancelled run yields nothing more: the page itself says it stopped, and where
     playwright.expect(page.locator("#token-view .tv-prompt")).to_contain_text("essay about the sea")
