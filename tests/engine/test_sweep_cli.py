@@ -209,7 +209,8 @@ def test_variants_run_the_sweep_once_per_model_variant(tiny, tmp_path):
     quantised = by[("int8-pair", "k2")]
     off_gain = float(by[("int8-pair", "off")]["speedup_over_full_off"])
     spec_gain = float(by[("full", "k2")]["speedup_over_off"])
-    assert float(quantised["naive_product"]) == pytest.approx(off_gain * spec_gain, rel=0.01)
+    # the CSV keeps 3 decimals of each: a small product (a slow runner's int8 pair) is rounded
+    assert float(quantised["naive_product"]) == pytest.approx(off_gain * spec_gain, rel=0.01, abs=2e-3)
     assert by[("full", "k2")]["naive_product"] == "" and by[("int8-pair", "off")]["naive_product"] == ""
     assert "c=1, int8-pair + k2: product" in done.stdout and "overstates it by" in done.stdout
     assert "variants full,int8-pair" in json.loads(done.stdout.strip().splitlines()[-1])["settings"]["models"]
