@@ -270,10 +270,7 @@ def _long_runs_under_load(page, load: int) -> None:
     number.press("Enter")
     page.locator("#max-tokens input[type=number]").fill("1000")
     page.locator("#max-tokens input[type=number]").press("Enter")
-    deadline = time.monotonic() + 60
-    while _engine_counts(page)[1] < load:
-        assert time.monotonic() < deadline, f"the background load of {load} did not start in vLLM"
-        time.sleep(0.1)
+    _wait_for(lambda: _engine_counts(page)[1] >= load, 60, f"the background load of {load} to start in vLLM")
 
 
 def _short_runs_without_load(page) -> None:
