@@ -68,9 +68,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--engine-nice",
         type=int,
         default=10,
-        help="run vLLM's processes at this lower CPU priority once they serve (`nice`, 0..19; default 10; 0 = the "
-        "app's): on a machine the page shares with the engine, the page's work comes first (measured: lower "
-        "step-to-screen latency and more tokens/s with a page open, docs/benchmarks.md)",
+        help="run vLLM's engine core and worker at this lower CPU priority once they serve (`nice`, 0..19; default "
+        "10; 0 = the app's; its API server keeps the app's): on a machine the page shares with the engine, the page's "
+        "work comes first (measured: lower step-to-screen latency and more tokens/s with a page open, "
+        "docs/benchmarks.md)",
     )
     mode = p.add_mutually_exclusive_group()
     mode.add_argument(

@@ -192,8 +192,9 @@ class EngineConfig:
     # vLLM's default (1: on 2 cores the worker gets one). 0 gave +43 % tokens/s
     # at concurrency 1 on this machine, at the cost of the API server's headroom.
     reserved_cpus: int | None = None
-    # CPU scheduling priority of vLLM's processes once they serve, as `nice` takes it (0 = the caller's;
-    # 1..19 lower): on a machine the page shares with the engine, the page's work then comes first
+    # CPU scheduling priority of vLLM's engine core and worker once they serve, as `nice` takes it (0 =
+    # the caller's; 1..19 lower): on a machine the page shares with the engine, the page's work then
+    # comes first (vLLM's API server stays at the caller's: ``launcher.compute_processes``)
     nice: int = 0
     # Live K policies: start vLLM with num_speculative_tokens = k_max and a K table
     # (k_table, or K=k for every batch size), and open the control channel through

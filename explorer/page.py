@@ -9,7 +9,8 @@ the presenter lock, how the page is reached (``Exposure``: public or not, behind
 Space's proxy), the ``--record`` status and the generation sliders' start values.
 ``launch_page(page, host, port, exposure)`` queues and launches it with the bounds a public
 page needs (``QUEUE_SIZE``, ``MAX_UPLOAD``, ``SESSION_CAPACITY``, Gradio's file cache cleaned,
-per-visitor rates). One timer (API /charts, every ``CHART_REFRESH_S``) refreshes the load
+per-visitor rates, idle sessions' states forgotten: ``explorer.session_expiry``). One timer (API
+/charts, every ``CHART_REFRESH_S``) refreshes the load
 panel's live chart and readout, the K-policy panel and the ledger together, sent by the page between two
 steps of its own request (``assets/chart_gate.js``). It reads only what the ``Backend``
 (``engine_adapter.service.backend``) returns; it never parses vLLM's wire format.
@@ -41,6 +42,7 @@ from explorer.panels.run import RunPanel
 from explorer.panels.sweep import build_sweep_panel
 from explorer.panels.visitors import Exposure
 from explorer.request_limits import VisitorGate
+from explorer.session_expiry import IdleSessionExpiry
 from explorer.views.live_charts import CHART_REFRESH_S
 
 TITLE = "Speculative decoding explorer"
@@ -49,7 +51,8 @@ INTRO = f"# {TITLE}\nEvery token below is coloured by where it came from, as the
 
 QUEUE_SIZE = 64  # events waiting in Gradio's queue, all visitors together; more are told the app is busy
 # sessions whose state Gradio keeps (its default 10,000): each holds a copy of the page's whole config, and a
-# script can make sessions freely; the least recently used go first (an open page uses its own every 2 s)
+# script can make sessions freely; the least recently used go first (an open page uses its own every 2 s), and
+# those idle for SESSION_IDLE_S go anyway (explorer.session_expiry)
 SESSION_CAPACITY = 1000
 MAX_UPLOAD = "1mb"  # the largest file a visitor may upload (a sweep CSV; the shipped ones are 1-6 KB)
 # Gradio's copies of files sent and received (uploads, CSV exports): every hour, those over an hour old go
@@ -117,13 +120,14 @@ def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) ->
     # person), and re-reads and re-writes that whole history at every streamed step: at background
     # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
     gate = Middleware(VisitorGate, exposure=exposure, routes=page.routes)
+    expiry = Middleware(IdleSessionExpiry)
     page.blocks.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4, api_open=False).launch(
         server_name=host,
         server_port=port,
         run_history=False,
         max_file_size=MAX_UPLOAD,
         state_session_capacity=SESSION_CAPACITY,
-        app_kwargs={"middleware": [gate]},
+        app_kwargs={"middleware": [gate, expiry]},
     )
 
 

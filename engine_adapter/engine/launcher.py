@@ -50,7 +50,7 @@ from engine_adapter.engine.resources import NotEnoughResources, check_resources
 from engine_adapter.engine.roofline import machine_bandwidth_gbs, worker_cores
 from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine.start_log import ProgressFn, StartProgress, explain_failure, milestones_seen
-from engine_adapter.engine.supervise import group_members
+from engine_adapter.engine.supervise import children_of, group_members
 from engine_adapter.engine_config import FULL_VARIANT, EngineConfig
 from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.vllm_plugin.paths import SERVER_MODULE, STARTUP_DIR
@@ -151,6 +151,16 @@ def lower_priority(pids: list[int], nice: int) -> int:
             except OSError:
                 pass
     return changed
+
+
+def compute_processes(supervisor_pid: int) -> list[int]:
+    """The engine's processes that compute (vLLM's engine core, its worker, the supervisor): every
+    member of the supervisor's process group but vLLM's API server, the supervisor's own child.
+    The API server stays at the caller's priority: it takes every request in and streams every
+    token out, and behind the engine core (which spins while it waits for the worker) at an equal
+    nice it started requests 0.1-0.3 s late (docs/benchmarks.md, "the API server's priority")."""
+    server = set(children_of(supervisor_pid))
+    return [pid for pid in group_members(supervisor_pid) if pid not in server]
 
 
 class EngineProcess:
@@ -333,7 +343,7 @@ class EngineProcess:
         try:
             self._wait_ready(report, timeout_s)
             # lowered once it serves: at start-up vLLM's imports would otherwise wait behind the app's
-            lower_priority(group_members(self._proc.pid), self.config.nice)
+            lower_priority(compute_processes(self._proc.pid), self.config.nice)
         except BaseException:
             self._keep_log = True  # the error message points at the log
             self.stop()

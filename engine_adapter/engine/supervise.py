@@ -48,6 +48,11 @@ def group_members(pgid: int) -> list[int]:
     return _live_with(2, pgid)  # /proc/PID/stat after the name: state, ppid, pgrp, session
 
 
+def children_of(pid: int) -> list[int]:
+    """PIDs of the live processes whose parent is ``pid``, from /proc."""
+    return _live_with(1, pid)
+
+
 def session_members(sid: int) -> list[int]:
     """PIDs of the live processes in session ``sid`` (an app started with start_new_session,
     and the engines it started in process groups of their own)."""

@@ -9,7 +9,8 @@ other: ``reference`` (a live engine's speculation-off twin, ``ReferenceTwin``) a
 ``recording`` (a replay's recorded session, ``Recording``). The explorer imports this
 module, ``records`` and pure helpers only; it never sees an engine, a client or vLLM.
 ``PolicySpec`` (what a person asks the engine to run) is re-exported from the policy layer
-for the same reason.
+for the same reason, and so is ``SESSION_IDLE_S`` (how long a session goes unheard before it is
+gone: its background load stops, and the page forgets its state).
 
 Units: times are ``time.monotonic()`` seconds on the app's host; rates in tokens
 per second.
@@ -27,6 +28,7 @@ from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import POLICY_KINDS, SLOT_POLICIES, PolicyKind, PolicySpec
 from engine_adapter.records import EngineStep, RequestResult, Step
+from engine_adapter.service.fair_share import SESSION_IDLE_S
 from engine_adapter.service.quant_lens import LensComparison, LensPoint, LensView
 from engine_adapter.service.restart_gate import RestartTicket
 from engine_adapter.service.speedup_probe import (
@@ -55,6 +57,7 @@ __all__ = [
     "LoadMix",
     "POLICY_KINDS",
     "REPLAY",
+    "SESSION_IDLE_S",
     "SLOT_POLICIES",
     "Backend",
     "BackgroundShare",

@@ -1,4 +1,5 @@
-"""``python -m engine_adapter.sweep`` on tiny engines writes its CSV (window mode, and by category)."""
+"""``python -m engine_adapter.sweep`` on tiny engines writes its CSV (window mode, by category, one engine
+at a time, per model variant, under acceptance rules)."""
 
 from __future__ import annotations
 
@@ -77,63 +78,6 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     assert json.loads(done.stdout.strip().splitlines()[-1])["rows"][0]["policy"] == "off"
 
 
-def test_by_category_adds_the_column(tiny, tmp_path):
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text(
-        "\n".join(
-            json.dumps({"prompt": p, "category": c}) for p, c in [("def add(a, b):", "code"), ("Once upon", "story")]
-        )
-    )
-    out = tmp_path / "sweep.csv"
-    cmd = [
-        sys.executable,
-        "-m",
-        "engine_adapter.sweep",
-        "--concurrency",
-        "1",
-        "--policies",
-        "k1",
-        "--by-category",
-        "--prompts",
-        str(prompts),
-        "--max-tokens",
-        "8",
-        "--min-requests",
-        "1",
-        "--repeats",
-        "2",
-        "--window-s",
-        "0",
-        "--steps-out",
-        str(tmp_path / "steps.jsonl"),
-        "--out",
-        str(out),
-        "--target",
-        str(tiny.target),
-        "--draft",
-        str(tiny.same),
-        "--kv-cache-gib",
-        "1",
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = list(csv.DictReader(out.open()))
-    assert list(rows[0].keys()) == COLUMNS + ["category"] + EXTRA_COLUMNS
-    # every measured step, labelled with its run, K at most 1, and no step of another run
-    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
-    assert {(s["category"], s["run"]) for s in steps} == {(c, r) for c in ("code", "story") for r in (1, 2)}
-    assert all(s["type"] == "engine_step" and s["policy"] == "k1" and s["k"] <= 1 for s in steps)
-    for key in {(s["category"], s["run"]) for s in steps}:  # each run: its one request of at most 8 tokens
-        assert 1 <= sum(s["num_emitted"] for s in steps if (s["category"], s["run"]) == key) <= 8
-    assert sorted(r["category"] for r in rows) == ["code", "story"]
-    for r in rows:  # two runs each, the median between the extremes
-        assert r["runs"] == "2"
-        assert (
-            float(r["total_tokens_per_s_min"]) <= float(r["total_tokens_per_s"]) <= float(r["total_tokens_per_s_max"])
-        )
-    assert "run 2/2" in done.stderr
-
-
 def test_acceptance_rules_add_the_lossy_columns(tiny, tmp_path):
     """Each live policy under each rule (lossless added first), the relaxed texts compared with the lossless."""
     prompts = tmp_path / "p.jsonl"
@@ -174,17 +118,44 @@ def one_wave_sweep(tiny, tmp_path, policies: str, *more: str, env: dict[str, str
     return done, out
 
 
-def test_engines_that_do_not_fit_together_run_one_after_the_other(tiny, tmp_path):
+def test_engines_that_do_not_fit_together_run_one_after_the_other_by_category(tiny, tmp_path):
     """With memory for one engine at a time (the override: 4 GiB, each tiny engine about 2.5), ``off``
-    runs alone first, then the live engine; speedups and texts are still compared with off's."""
-    done, out = one_wave_sweep(tiny, tmp_path, "off,k3", env={MEM_ENV: "4"}, timeout_s=600)
+    runs alone first, then the live engine; speedups are still against off's. ``--by-category``
+    measures each category on its own (a ``category`` column), ``--repeats 2`` twice (the median
+    between the extremes), and ``--steps-out`` writes every measured step labelled with its run."""
+    prompts = tmp_path / "p.jsonl"
+    lines = [("def add(a, b):", "code"), ("Once upon", "story")]
+    prompts.write_text("\n".join(json.dumps({"prompt": p, "category": c}) for p, c in lines))
+    out, steps_out = tmp_path / "sweep.csv", tmp_path / "steps.jsonl"
+    cmd = [sys.executable, "-m", "engine_adapter.sweep", "--concurrency", "1", "--policies", "off,k1"]
+    cmd += ["--by-category", "--repeats", "2", "--steps-out", str(steps_out), "--prompts", str(prompts)]
+    cmd += ["--max-tokens", "8", "--min-requests", "1", "--window-s", "0", "--out", str(out)]
+    cmd += ["--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
+    env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache"), MEM_ENV: "4"}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
     err = done.stderr
     assert "GiB at once" in err and "4.0 GiB is available" in err and "one after the other" in err
     assert err.index("closed the speculation-off engine") < err.index("starting the draft engine")
-    by = {r["policy"]: r for r in csv.DictReader(out.open())}
-    assert set(by) == {"off", "k3"}
-    assert float(by["k3"]["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
-    assert float(by["k3"]["speedup_median"]) > 0  # each request against off's rate, measured before
+    assert "run 2/2" in err
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0].keys()) == COLUMNS + ["category"] + EXTRA_COLUMNS
+    by = {(r["policy"], r["category"]): r for r in rows}
+    assert set(by) == {(p, c) for p in ("off", "k1") for c in ("code", "story")}
+    for category in ("code", "story"):
+        k1 = by[("k1", category)]
+        assert float(k1["draft_acceptance_rate"]) == pytest.approx(1.0)  # draft == target
+        assert float(k1["speedup_median"]) > 0  # each request against off's rate, measured before
+        assert k1["runs"] == "2"
+        low, mid, high = (float(k1[f"total_tokens_per_s{end}"]) for end in ("_min", "", "_max"))
+        assert low <= mid <= high
+    # every measured step of the live policy, labelled with its run, K at most 1, no step of another run
+    steps = [json.loads(line) for line in steps_out.read_text().splitlines()]
+    live = [s for s in steps if s["policy"] == "k1"]
+    assert {(s["category"], s["run"]) for s in live} == {(c, r) for c in ("code", "story") for r in (1, 2)}
+    assert all(s["type"] == "engine_step" and s["k"] <= 1 for s in live)
+    for key in {(s["category"], s["run"]) for s in live}:  # each run: its one request of at most 8 tokens
+        assert 1 <= sum(s["num_emitted"] for s in live if (s["category"], s["run"]) == key) <= 8
 
 
 def test_variants_run_the_sweep_once_per_model_variant(tiny, tmp_path):

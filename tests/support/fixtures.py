@@ -103,6 +103,11 @@ class SharedApp:
         self.url = self._app.url
         self.stopped = False
 
+    @property
+    def pid(self) -> int:
+        """The app's process."""
+        return self._app.proc.pid
+
     def wait_ready(self) -> None:
         try:
             wait_ready(self._app, engine_ready, timeout_s=300)

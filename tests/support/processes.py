@@ -3,12 +3,17 @@ descendants) and wait for them to end.
 
 ``descendants(pid)``: every process under ``pid`` now; ``wait_ended(pids, timeout_s)``: those of
 ``pids`` still running (not zombies) after waiting up to ``timeout_s`` for them to end; a test that
-stops an app checks its own engines so, and is not misled by another app's on the same models."""
+stops an app checks its own engines so, and is not misled by another app's on the same models.
+``vllm_compute(pid)``: vLLM's engine-core and worker processes under ``pid``; ``paused(processes)``
+holds them (SIGSTOP) for a ``with`` block and lets them go on (SIGCONT) however it ends."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -74,3 +79,30 @@ def wait_ended(pids: list[int], timeout_s: float = 30.0) -> list[int]:
         time.sleep(0.5)
         left = [pid for pid in left if _running(pid)]
     return left
+
+
+def vllm_compute(pid: int) -> list[psutil.Process]:
+    """vLLM's engine-core and worker processes under ``pid`` (named ``VLLM::...``); not its API server."""
+    try:
+        under = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    found = []
+    for proc in under:
+        with contextlib.suppress(psutil.Error):
+            if "VLLM" in proc.name():
+                found.append(proc)
+    return found
+
+
+@contextlib.contextmanager
+def paused(processes: list[psutil.Process]) -> Iterator[None]:
+    """``processes`` stopped (SIGSTOP) inside the block, continued (SIGCONT) however it ends."""
+    try:
+        for proc in processes:
+            proc.send_signal(signal.SIGSTOP)
+        yield
+    finally:
+        for proc in processes:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)

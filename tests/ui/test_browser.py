@@ -13,8 +13,11 @@ import pytest
 
 from tests.support.app_process import CHROMIUM_ARGS
 from tests.support.browser import CHROMIUM, SHOTS, drag_slider, edit_cell, showing
+from tests.support.processes import paused, vllm_compute
 
 playwright = pytest.importorskip("playwright.sync_api")
+
+ABORT_REACHES_VLLM_S = 1.0  # the page's answered cancel to vLLM's API server: the app closes the stream
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup.sh --dev)")
 
@@ -216,11 +219,21 @@ def test_k_policies_switch_live_under_load(page):
     )
 
 
-def _engine_metrics(page) -> list[str]:
-    """vLLM's own /metrics (the status line on loopback names the engine's address)."""
+def _engine_url(page) -> str:
+    """vLLM's address (the status line on loopback names it)."""
     url = re.search(r"(http://127\.0\.0\.1:\d+)", page.locator("#engine-status").inner_text())
     assert url, "the status line on loopback names the engine's address"
-    return httpx.get(f"{url.group(1)}/metrics", timeout=5).text.splitlines()
+    return url.group(1)
+
+
+def _metrics_at(url: str) -> list[str]:
+    """vLLM's own /metrics, of the engine at ``url``."""
+    return httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
+
+
+def _engine_metrics(page) -> list[str]:
+    """vLLM's own /metrics, of the engine the page's status line names."""
+    return _metrics_at(_engine_url(page))
 
 
 def _metric(lines: list[str], name: str, having: str = "") -> float:
@@ -249,11 +262,11 @@ def _running_samples(page, seconds: float) -> list[float]:
     return out
 
 
-def _wait_for(done, seconds: float, what: str) -> None:
+def _wait_for(done, seconds: float, what: str, poll_s: float = 0.2) -> None:
     deadline = time.monotonic() + seconds
     while not done():
         assert time.monotonic() < deadline, f"waited {seconds:.0f} s for {what}"
-        time.sleep(0.2)
+        time.sleep(poll_s)
 
 
 def _steps_settled(page, seconds: float) -> bool:
@@ -319,10 +332,11 @@ def test_the_live_chart_redraws_while_the_pages_own_request_streams(page):
     _short_runs_without_load(page)
     while_streaming = [t for t, streaming in reacts if streaming]
     log = page.evaluate("() => window.__specExplorerLiveChart.log")
-    # the tiny pair streams tens of steps a second here, and the token view's own redraws take most of the
-    # page's main thread on a busy runner (the chart's ticks come late): redraws go on, maybe sparser
-    # than one per 2 s (scripts/ui_latency.py measures the gaps on the packaged pair)
-    assert len(while_streaming) >= 2, f"{len(while_streaming)} redraws in {streamed_s:.1f} s of streaming: {log}"
+    # the tiny pair streams its 1000 tokens in 3-8 s at hundreds of tokens a second, and on a busy runner
+    # the token view's redraws take the page's main thread for seconds (one CI run: a draw of 4.9 s, its
+    # timer 3 s late, one redraw in 8.3 s): the chart keeps drawing, not paused while the page's own
+    # request streams; how often it draws is scripts/ui_latency.py's to measure, on the packaged pair
+    assert while_streaming, f"no redraw in {streamed_s:.1f} s of streaming: {log}"
     assert "foreground tokens/s" in legend, "the page's own request is not on the chart"
     page.wait_for_function(
         "() => document.querySelector('#load-readout').innerText.includes('No background load')", timeout=30_000
@@ -330,26 +344,38 @@ def test_the_live_chart_redraws_while_the_pages_own_request_streams(page):
     _wait_for(lambda: _engine_counts(page)[1] == 0, 30, "vLLM to end the stopped request and the load")
 
 
-def test_enter_then_stop_ends_the_run_in_vllm(page):
+def test_enter_then_stop_ends_the_run_in_vllm(page, shared_app):
     """A run started from the prompt box (its submit event: Shift+Enter in a multi-line box; not the
-    Run button) is stopped by Stop, in vLLM too: vLLM runs it no more. A background load of LOAD
-    keeps the engine busy, so the run (1000 tokens) lasts several seconds on any machine: vLLM runs
-    LOAD + 1 requests while it streams (tokens on the page say it runs), at most LOAD after Stop."""
+    Run button) is stopped by Stop, in vLLM too: vLLM runs it no more and never finishes its 1000
+    tokens. A background load of LOAD keeps the engine busy: vLLM runs LOAD + 1 requests while the
+    run is in it, at most LOAD after Stop.
+
+    The tiny pair streams its 1000 tokens in 3-8 s, and a busy runner's page lags the engine by
+    seconds (it handled a Stop click 14 s late in one CI run, after vLLM had finished the run): so
+    vLLM's engine core and worker are held (SIGSTOP) from the moment vLLM runs the request until the
+    page's cancel is answered and has had ABORT_REACHES_VLLM_S to reach vLLM's API server (which
+    runs on: it takes the abort). The engine then goes on, aborting the run before another step."""
     load = 8
     _long_runs_under_load(page, load)
+    long_before = _long_requests_finished(page)
     prompt = page.locator("#prompt textarea")
     prompt.fill("Write a very long essay about the sea.")  # runs to its 1000 tokens on the tiny pair
     prompt.press("Shift+Enter")
-    # its first engine step on the page: vLLM runs it (the prompt box's submit started it); Stop at
-    # once, since the page lags the engine when the machine is busy and the run must still be going
-    page.wait_for_function("() => document.querySelectorAll('#token-view .tv-step').length >= 1", timeout=30_000)
-    long_before = _long_requests_finished(page)
-    page.locator("#stop").click()
-    # a page far behind the engine (a busy runner: the tiny pair streams tens of steps a second) handles
-    # the click, and the messages already sent to it, late: the page marks the run stopped when it
-    # handles the click and sends the cancel (assets/stop_run.js). From then on vLLM must come down to
-    # the load's LOAD requests (which come and go: fewer running at one moment says nothing, so 3 s in a
-    # row), without the run finishing its 1000 tokens (the load's requests are 128 at most): aborted
+    url = _engine_url(page)  # asked of the page once: a busy page answers slowly
+
+    def running() -> float:
+        return _metric(_metrics_at(url), "vllm:num_requests_running")
+
+    _wait_for(lambda: running() > load, 30, "vLLM to run the prompt box's request", poll_s=0.05)
+    with paused(vllm_compute(shared_app.pid)):
+        # vLLM ran at least one step of it: the page shows it (tokens on the page say it runs)
+        page.wait_for_function("() => document.querySelectorAll('#token-view .tv-step').length >= 1", timeout=30_000)
+        with page.expect_response(lambda r: r.url.endswith("/gradio_api/cancel"), timeout=30_000):
+            page.locator("#stop").click()
+        time.sleep(ABORT_REACHES_VLLM_S)
+    # the page marks the run stopped when it handles the click (assets/stop_run.js). vLLM must come
+    # down to the load's LOAD requests (which come and go: fewer running at one moment says nothing,
+    # so 3 s in a row), without the run finishing its 1000 tokens (the load's are 128 at most)
     playwright.expect(page.locator("#token-view .tv-footer")).to_contain_text("Stopped:", timeout=20_000)
     deadline = time.monotonic() + 20
     while max(samples := _running_samples(page, 3.0)) > load:

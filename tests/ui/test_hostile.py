@@ -171,17 +171,32 @@ def test_a_hundred_runs_from_one_client_hold_one_slot_and_others_are_served(publ
     assert ran >= 1 and refused + failed >= 90, (ran, refused, failed)
 
 
+def test_vllms_api_server_keeps_the_apps_priority_and_its_compute_runs_lower(public):
+    """The app's default ``--engine-nice 10`` lowers vLLM's engine core and worker, not its API server
+    (every request in and every token out passes through it: behind the spinning engine core it
+    started the load's requests late)."""
+    app_nice = psutil.Process(public.app.proc.pid).nice()
+    server_pid, _, _ = next(s for s in public.servers() if not s[2])
+    server = psutil.Process(server_pid)
+    assert server.nice() == app_nice
+    compute = server.children(recursive=True)
+    names = {p.name() for p in compute}
+    assert any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
+    for p in compute:
+        if "VLLM" in p.name():
+            assert {os.getpriority(os.PRIO_PROCESS, t.id) for t in p.threads()} == {app_nice + 10}, p.name()
+
+
 def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(public):
     """A flood of the page's polls (12 threads, another process) against a process burning the
     flood's own CPU, in alternating windows beside a background load of 8: the app's answers may
     cost at most 10 % of the engine's CPU (the app's own CPU seconds, the flood's windows over the
-    burner's), and the engine's tokens/s may fall by 30 % at most.
+    burner's), and the engine's tokens/s may fall by 10 % at most.
 
-    The app's CPU in a window is measured to about 0.01 cores; the engine's tokens/s swings 15-20 %
-    from one 13 s window to the next with the load's own requests (how many of the 8 are between
-    two requests). Beside a flood it averages about 15 % lower, with the engine's CPU unchanged and
-    fewer of the load's requests running (docs/benchmarks.md, "The polling flood"): a cost that is
-    not the app's CPU, not yet explained, and over the 10 % the project aims at."""
+    The engine's tokens/s swings 6-9 % from one 13 s window to the next, so six windows of each
+    (ABBA three times) hold the ratio of the means to about 4 %; a ratio under 0.9 is measured
+    again (six more of each) and the twelve of each decide. With vLLM's API server at the engine's
+    nice the flood's windows ran 0.62-0.84 of the burner's (docs/benchmarks.md, "The polling flood")."""
     others = [pid for pid in processes_mentioning("app.py --port") if pid != public.app.proc.pid]
     assert not others, f"another app shares the cores with this measurement: {describe(others)}"
     loader = public.visitor("198.51.100.40")
@@ -197,7 +212,7 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
         # the loader polls as its page would: a session that stops polling loses its load (SESSION_IDLE_S)
         loader.predict(api_name="/charts")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=PROJECT_ROOT)
-        time.sleep(5.0)  # past the process's start (its imports take CPU of their own): the window sees its steady work
+        time.sleep(2.5)  # past the process's start (its imports take CPU of their own): the window sees its steady work
         a, app0, engine0, t = public.tokens_generated(), cpu_s([app]), cpu_s(engine), time.monotonic()
         time.sleep(window_s)
         dt = time.monotonic() - t
@@ -211,22 +226,27 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
     windows: dict[str, list[tuple[float, float, float]]] = {"flood": [], "burn": []}
     floods = []
     cores = 0.05  # the first burn's, before a flood measured its own
-    try:
-        # ABBA three times: a drift in the rate cancels, and 6 windows each hold the mean of a rate that
-        # swings 15-20 % from one window to the next (4 each read 0.70 in one run, 0.81 in another)
-        for what in ("burn", "flood", "flood", "burn") * 3:
+
+    def measure_abba_three_times() -> None:
+        nonlocal cores
+        for what in ("burn", "flood", "flood", "burn") * 3:  # a drift in the rate cancels
             if what == "flood":
-                *measured, flood = during([*hostile, "flood", public.url, "--threads", "12", "--seconds", "20"])
+                *measured, flood = during([*hostile, "flood", public.url, "--threads", "12", "--seconds", "16"])
                 floods.append(flood)
                 cores = flood["cpu_s"] / flood["seconds"]
             else:
-                *measured, _ = during([*hostile, "burn", "--cores", f"{cores:.3f}", "--seconds", "20"])
+                *measured, _ = during([*hostile, "burn", "--cores", f"{cores:.3f}", "--seconds", "16"])
             windows[what].append(tuple(measured))
-    finally:
-        loader.predict(0, api_name="/set_load")
 
     def mean(what: str, i: int) -> float:
         return sum(w[i] for w in windows[what]) / len(windows[what])
+
+    try:
+        measure_abba_three_times()
+        if mean("flood", 0) / mean("burn", 0) < 0.9:
+            measure_abba_three_times()
+    finally:
+        loader.predict(0, api_name="/set_load")
 
     ratio = mean("flood", 0) / mean("burn", 0)
     app_extra = mean("flood", 1) - mean("burn", 1)
@@ -239,7 +259,7 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
     refused = {s: n for f in floods for s, n in f["statuses"].items() if s.isdigit() and s not in ("200", "429")}
     assert not refused, f"the flood's calls were refused, not answered: {refused}"
     assert app_extra <= 0.1 * mean("burn", 2), f"answering the flood took {app_extra:.2f} cores of the app"
-    assert ratio >= 0.7, f"the flood cost the engine {1 - ratio:.0%} of its tokens/s beyond the flooder's CPU"
+    assert ratio >= 0.9, f"the flood cost the engine {1 - ratio:.0%} of its tokens/s beyond the flooder's CPU"
 
 
 def test_oversized_and_overwide_sweep_csvs_are_refused(public, tmp_path):

@@ -7,9 +7,10 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
-from engine_adapter.engine.launcher import lower_priority
+from engine_adapter.engine.launcher import compute_processes, lower_priority
 from engine_adapter.engine_config import EngineConfig
 
 
@@ -38,3 +39,23 @@ def test_every_thread_of_the_processes_is_lowered():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_compute_processes_are_the_group_but_the_supervisors_child():
+    """A supervisor (a process group of its own) whose child (vLLM's API server) starts a grandchild
+    (vLLM's engine core): the supervisor and the grandchild are lowered, the API server is not."""
+    grandchild = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])"
+    child = (
+        f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {grandchild!r} + '; time.sleep(30)'])"
+    )
+    supervisor = subprocess.Popen([sys.executable, "-c", child + "; time.sleep(30)"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(supervisor.pid).children(recursive=True)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (server,) = psutil.Process(supervisor.pid).children()
+        (engine_core,) = server.children()
+        assert sorted(compute_processes(supervisor.pid)) == sorted([supervisor.pid, engine_core.pid])
+    finally:
+        os.killpg(supervisor.pid, 9)
+        supervisor.wait()

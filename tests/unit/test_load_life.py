@@ -11,6 +11,7 @@ import asyncio
 from engine_adapter.prompts import Preset
 from engine_adapter.records import RequestResult, load_request_kind
 from engine_adapter.service.load import BackgroundLoad
+from tests.support.manual_clock import ManualClock
 
 
 class InstantClient:
@@ -42,17 +43,9 @@ class InstantClient:
         )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_a_service_load_runs_past_thirty_minutes_and_ten_thousand_requests():
     async def run() -> tuple[int, int, int]:
-        client, clock = InstantClient(), Clock()
+        client, clock = InstantClient(), ManualClock()
         load = BackgroundLoad(client, ["p"], clock=clock)  # a service's load: no bounds of its own
         load.set_concurrency(4)
         for _ in range(100_000):  # bounded: a load that stopped must fail the test, not hang it
@@ -87,7 +80,7 @@ def test_workers_that_ended_are_replaced_at_the_next_change():
 
 def test_a_bounded_load_stops_by_itself_and_says_why():
     async def run() -> tuple[str | None, int, str | None]:
-        client, clock = InstantClient(), Clock()
+        client, clock = InstantClient(), ManualClock()
         load = BackgroundLoad(client, ["p"], max_seconds=60, clock=clock)
         load.set_concurrency(2)
         for _ in range(5):

@@ -16,14 +16,7 @@ from explorer.panels.presenter import MAX_WRONG_PER_MINUTE, KeyThrottle, Present
 from explorer.panels.visitors import Exposure, RunSlots, address_of, exposure_for, is_loopback
 from explorer.request_limits import NEW_SESSIONS, SESSION_POLLS, Rate, TokenBuckets, VisitorGate
 from explorer.views.status import for_visitors, recording_banner_markdown
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.support.manual_clock import ManualClock
 
 
 @pytest.mark.parametrize(
@@ -72,7 +65,7 @@ def test_with_a_key_only_unlocked_sessions_act_and_a_closed_page_forgets():
 
 
 def test_a_wrong_key_makes_the_next_attempt_wait_longer_each_time():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     p = Presenter("s3cret", KeyThrottle(clock=clock))
     v = Visitor("s1", "10.0.0.1")
     waits = []
@@ -87,7 +80,7 @@ def test_a_wrong_key_makes_the_next_attempt_wait_longer_each_time():
 
 
 def test_new_sessions_from_one_address_share_its_wait():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     p = Presenter("s3cret", KeyThrottle(clock=clock))
     p.unlock(Visitor("a", "10.0.0.9"), "guess")
     ok, said = p.unlock(Visitor("b", "10.0.0.9"), "s3cret")
@@ -97,7 +90,7 @@ def test_new_sessions_from_one_address_share_its_wait():
 
 
 def test_too_many_wrong_keys_on_the_server_make_everyone_wait_for_the_minute():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     p = Presenter("s3cret", KeyThrottle(clock=clock))
     for i in range(MAX_WRONG_PER_MINUTE):
         p.unlock(Visitor(f"s{i}", f"10.1.{i}.1"), "guess")
@@ -121,7 +114,7 @@ def test_run_slots_one_per_session_a_few_per_address_presenter_unbounded_by_addr
 
 
 def test_token_buckets_refuse_beyond_the_rate_and_refill():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     buckets = TokenBuckets(clock)
     rate = Rate(per_s=2.0, burst=4.0)
     assert [buckets.take(("a", "polls"), rate) for _ in range(4)] == [0.0] * 4
@@ -236,7 +229,7 @@ def test_the_tick_cache_takes_keys_that_are_not_hashable():
 
 
 def test_the_tick_cache_builds_again_after_its_tick():
-    clock = Clock()
+    clock = ManualClock(1000.0)
     cache = TickCache(ttl_s=1.0, clock=clock)
     assert cache.get("k", lambda: 1) == 1
     assert cache.get("k", lambda: 2) == 1

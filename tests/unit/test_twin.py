@@ -12,6 +12,7 @@ import pytest
 
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.service.twin import SpeculationOffTwin, TwinUnavailable, twin_config
+from tests.support.manual_clock import ManualClock
 
 
 @dataclass
@@ -41,14 +42,6 @@ class Launches:
         return FakeEngine(config)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 MAIN = EngineConfig(method="draft", k=3, kv_cache_gib=2, k_max=5)
 
 
@@ -75,7 +68,7 @@ def test_a_visitor_may_not_start_it_and_is_told_why():
 
 def test_a_dead_twin_in_use_comes_back_and_an_idle_one_stops():
     async def run() -> None:
-        launches, clock = Launches(), Clock()
+        launches, clock = Launches(), ManualClock()
         twin = SpeculationOffTwin(launches, idle_s=600, clock=clock)
         first = await twin.get(MAIN, may_start=True, reserve_bytes=2 << 30)
         assert launches.calls[0][1] == 2 << 30  # the main engine's KV cache is kept out of what is free
@@ -96,7 +89,7 @@ def test_a_dead_twin_in_use_comes_back_and_an_idle_one_stops():
 
 def test_a_dead_twin_nobody_uses_is_not_relaunched_but_the_next_use_starts_it():
     async def run() -> None:
-        launches, clock = Launches(), Clock()
+        launches, clock = Launches(), ManualClock()
         twin = SpeculationOffTwin(launches, idle_s=600, clock=clock)
         first = await twin.get(MAIN, may_start=True)
         first.process.alive = False
