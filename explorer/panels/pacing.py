@@ -6,7 +6,9 @@ source's items, in order, none lost: the first item at once, then at most one ba
 interval is up (a slow source is shown item by item, as it comes). ``min_interval_s`` is a
 number, or a function read before each wait (an interval that grows with what the consumer
 sends). The source is read by a task of its own and closed (``aclose``) when the consumer stops
-early (Stop, a closed page).
+early (a closed page). ``stop``, an ``asyncio.Event``: once it is set, reading the source ends at
+once (its reading task is cancelled inside the source's wait, so the source closes what it holds:
+the run panel's Stop), what was read is still yielded, and the batches end normally.
 
 Why: the run panel re-sends the whole token view at each update; a tiny engine steps every
 10 ms, faster than Gradio and the browser draw, and the page fell seconds behind
@@ -25,7 +27,9 @@ T = TypeVar("T")
 _END = object()
 
 
-async def paced(source: AsyncIterator[T], min_interval_s: float | Callable[[], float]) -> AsyncIterator[list[T]]:
+async def paced(
+    source: AsyncIterator[T], min_interval_s: float | Callable[[], float], stop: asyncio.Event | None = None
+) -> AsyncIterator[list[T]]:
     interval = min_interval_s if callable(min_interval_s) else lambda: min_interval_s
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -38,7 +42,13 @@ async def paced(source: AsyncIterator[T], min_interval_s: float | Callable[[], f
         finally:
             queue.put_nowait(_END)
 
+    async def end_reading_when(stop: asyncio.Event) -> None:
+        await stop.wait()
+        task.cancel()  # the source closes when pump runs next (paced's finally waits for it)
+        queue.put_nowait(_END)  # pump may not have started: its own _END would never come
+
     task = asyncio.create_task(pump())
+    watcher = asyncio.create_task(end_reading_when(stop)) if stop is not None else None
     try:
         pending: list[T] = []
         last = float("-inf")
@@ -62,6 +72,8 @@ async def paced(source: AsyncIterator[T], min_interval_s: float | Callable[[], f
         if pending:
             yield pending
     finally:
+        if watcher is not None:
+            watcher.cancel()
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task

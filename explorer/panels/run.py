@@ -9,18 +9,21 @@ last ``RequestResult``), ``step_times`` ((monotonic t, tokens emitted) per
 foreground step, for the live chart) and ``request_id`` (for the auction grid).
 ``wire()`` connects them. Run streams: the token view updates at every engine
 step of the request (``Backend.stream``); on a replay Run plays the recorded
-request for the prompt (``Recording.prompt_for``). Stop cancels the run (the
-stream is closed, vLLM aborts the request) and the page marks what streamed as
-stopped (``assets/stop_run.js``). Refusals and errors show in the token view,
-never as exceptions.
+request for the prompt (``Recording.prompt_for``). Stop (/stop, outside the
+queue) sets the page's run's stop signal (``RunSlots.stop``): the run closes its
+stream at once (vLLM aborts the request) and ends normally with a last update
+that says how far it got; a run that finished first keeps its finished view.
+Refusals and errors show in the token view, never as exceptions.
 
 API names: /run (prompt, temperature, max tokens) -> (token view, card,
 histogram, positions, trace: the recorder's JSON line as a string) streamed; /lossless (temperature) -> (verdict,
-text with speculation, text without); /pick (preset label) -> prompt.
+text with speculation, text without); /pick (preset label) -> prompt; /stop () -> nothing (stops
+the caller's session's run, if one streams).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import uuid
@@ -30,7 +33,6 @@ from typing import Any
 import gradio as gr
 from gradio.components import Component
 
-from engine_adapter.package_data import assets_dir
 from engine_adapter.prompts import Preset
 from engine_adapter.records import RequestResult, Step
 from engine_adapter.service.backend import ReferenceTwin, SpeedSettings
@@ -118,18 +120,12 @@ class RunPanel:
         # overlay's timers and loading states cost the browser's main thread at every streamed step
         # one concurrency group for every way a run starts, really capped
         runs = dict(show_progress="hidden", concurrency_id="foreground-run", concurrency_limit=MAX_FOREGROUND_RUNS)
-        run_event = self.run_btn.click(self.run, inputs, outputs, api_name="run", **runs)
-        enter_event = self.prompt.submit(self.run, inputs, outputs, api_name=False, **runs)
-        # the cancelled run yields nothing more, so the page marks what streamed as stopped itself
-        # (assets/stop_run.js): at the click, and again once the cancel is done, because Gradio starts
-        # the cancel without waiting for it and messages already on their way may still redraw the
-        # view; a cancelled event's .then runs after its cancel completes (after a normal end the
-        # view is no longer streaming and the script changes nothing)
-        stop_js = (assets_dir() / "stop_run.js").read_text()
-        marks = dict(fn=None, inputs=[self.view, self.card], outputs=[self.view, self.card], js=stop_js)
-        self.stop_btn.click(cancels=[run_event, enter_event], **marks)
-        run_event.then(**marks)
-        enter_event.then(**marks)
+        self.run_btn.click(self.run, inputs, outputs, api_name="run", **runs)
+        self.prompt.submit(self.run, inputs, outputs, api_name=False, **runs)
+        # Stop is the run's own signal, not Gradio's cancel: the run ends normally, its last update
+        # (the stopped view) comes after every update it sent before, in order, and the event
+        # completes without an error; outside the queue, so a full queue never holds a Stop back
+        self.stop_btn.click(self.stop, None, None, api_name="stop", queue=False, show_progress="hidden")
         self.check_btn.click(
             self.check,
             [self.last, self.temperature],
@@ -158,10 +154,15 @@ class RunPanel:
             yield {self.view: token_view_value([], message=refusal, level="warn")}
             return
         try:
-            async for updates in self._stream(text, int(n_tokens), float(temp)):
+            stop = self.ctx.runs.stop_signal(visitor.session)
+            async for updates in self._stream(text, int(n_tokens), float(temp), stop):
                 yield updates
         finally:
             self.ctx.runs.give_back(visitor)
+
+    async def stop(self, request: gr.Request) -> None:
+        """Stops this page's run, if one streams (a coroutine: the signal is set on the event loop)."""
+        self.ctx.runs.stop(self.ctx.session(request))
 
     def _not_ready(self) -> str | None:
         st = self.backend.status()
@@ -171,11 +172,12 @@ class RunPanel:
             return "The engine is not ready yet: see the status line above."
         return None
 
-    async def _stream(self, text: str, n_tokens: int, temp: float) -> AsyncIterator[Updates]:
+    async def _stream(self, text: str, n_tokens: int, temp: float, stop: asyncio.Event) -> AsyncIterator[Updates]:
         steps: list[Step] = []
         times: list[tuple[float, int]] = []
         rid = uuid.uuid4().hex
         sent = 0  # bytes of the token view's markup in the last update
+        finished = False
 
         def interval() -> float:
             return max(MIN_UPDATE_S, sent / VIEW_BYTES_PER_S)
@@ -184,14 +186,16 @@ class RunPanel:
         yield {self.view: token_view_value([], streaming=True, prompt=text), self.hist: None, self.pos: None}
         try:
             stream = self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid)
-            # aclosing: Stop (Gradio closes this generator) closes the stream now, and vLLM aborts the request
-            async with contextlib.aclosing(paced(stream, interval)) as batches:
+            # Stop ends paced's reading of the stream, which closes it: vLLM aborts the request. aclosing:
+            # a closed page (Gradio closes this generator) closes the stream too
+            async with contextlib.aclosing(paced(stream, interval, stop)) as batches:
                 async for batch in batches:
                     new = [item for item in batch if isinstance(item, Step)]
                     steps += new
                     times += [(s.t, len(s.emitted)) for s in new]
                     results = [item for item in batch if isinstance(item, RequestResult)]
                     if results:
+                        finished = True
                         final = self._finished(results[-1], text, times)
                         # the last tokens first, without the request's two charts (drawing them held the
                         # page for a step), then the whole result: an API caller's last message is complete
@@ -206,6 +210,8 @@ class RunPanel:
                             self.step_times: times,
                             self.request_id: rid,
                         }
+            if stop.is_set() and not finished:
+                yield self._stopped(steps, text, times)
         except Exception as e:  # the page says what went wrong, and keeps what streamed
             what = "The request ended early" if steps else "The engine refused the request"
             message = self.ctx.shown(f"{what}: {e}")
@@ -213,6 +219,14 @@ class RunPanel:
                 self.view: token_view_value(steps, prompt=text, message=message, level="error"),
                 self.step_times: times,
             }
+
+    def _stopped(self, steps: list[Step], text: str, times: list[tuple[float, int]]) -> Updates:
+        got = f"{sum(len(s.emitted) for s in steps)} tokens, {len(steps)} engine steps"
+        return {
+            self.view: token_view_value(steps, prompt=text, footer=f"Stopped: {got}; vLLM aborted the request."),
+            self.card: f"**Stopped** after {got}: vLLM aborted the request, so it has no final numbers.",
+            self.step_times: times,
+        }
 
     def _settings(self) -> SpeedSettings | None:
         return self.ctx.ticks.get("speed_settings", self.backend.speed_settings)

@@ -14,11 +14,14 @@ Contract:
   must hold against a script counts addresses too.
 - ``RunSlots(per_session, per_visitor)``: foreground runs in flight, at most ``per_session`` per
   session and ``per_visitor`` per address; ``take(visitor)`` returns None and holds a slot, or
-  the refusal to show; ``give_back(visitor)`` frees it.
+  the refusal to show; ``give_back(visitor)`` frees it. A run that can be stopped watches
+  ``stop_signal(session)`` (an ``asyncio.Event``, one per session while it runs);
+  ``stop(session)``, from the event loop, sets it and says whether a run was there to stop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import os
 import threading
@@ -81,6 +84,7 @@ class RunSlots:
         self.per_visitor = per_visitor
         self._sessions: Counter[str] = Counter()
         self._addresses: Counter[str] = Counter()
+        self._stops: dict[str, asyncio.Event] = {}  # sessions with a run in flight that watches for Stop
         self._lock = threading.Lock()
 
     def take(self, visitor: Visitor) -> str | None:
@@ -102,8 +106,22 @@ class RunSlots:
             self._sessions[visitor.session] -= 1
             if not visitor.presenter:
                 self._addresses[visitor.address] -= 1
+            if self._sessions[visitor.session] <= 0:
+                self._stops.pop(visitor.session, None)
             self._sessions += Counter()  # drops the zeros: the tables hold only running visitors
             self._addresses += Counter()
+
+    def stop_signal(self, session: str) -> asyncio.Event:
+        with self._lock:
+            return self._stops.setdefault(session, asyncio.Event())
+
+    def stop(self, session: str) -> bool:
+        with self._lock:
+            signal = self._stops.get(session)
+        if signal is None:
+            return False
+        signal.set()
+        return True
 
     def running(self) -> int:
         with self._lock:

@@ -41,6 +41,29 @@ def test_run_streams_coloured_tokens_and_the_card(app_url):
     ]
 
 
+def test_stop_ends_the_callers_own_run_with_a_stopped_view_and_no_error(app_url):
+    """/stop stops the run of the session that calls it, and no other: another client's /stop leaves
+    the run streaming; its own ends it normally, with a last update that says how far it got."""
+    runner, other = Client(app_url, verbose=False), Client(app_url, verbose=False)
+    job = runner.submit("Write a very long essay about the sea.", 0.0, 1000, api_name="/run")
+    stops_sent = 0
+    for view, *_ in job:
+        if view["streaming"] and view["steps"] >= 1:
+            if stops_sent == 0:
+                other.predict(api_name="/stop")
+            elif stops_sent == 1:
+                runner.predict(api_name="/stop")
+            stops_sent += 1
+    view, card, *_ = job.outputs()[-1]
+    assert stops_sent >= 2, "the run did not stream on after the other session's Stop"
+    assert job.exception() is None
+    assert view["footer"].startswith("Stopped: ") and not view["streaming"], view["footer"]
+    tokens = int(view["footer"].split()[1])
+    assert 0 < tokens < 1000 and "Stopped** after" in card
+    for client in (runner, other):
+        client.close()
+
+
 @pytest.mark.parametrize(
     "prompt, expected",
     [

@@ -88,3 +88,33 @@ def test_an_interval_that_grows_spaces_the_batches_out():
     assert sum(sizes) == 100
     assert max(sizes[2:]) > sizes[1], sizes  # later batches wait longer, so they carry more
     assert len(sizes) < 20, sizes  # a fixed 10 ms interval would give about 20
+
+
+def test_a_stop_ends_the_batches_closes_the_source_and_keeps_what_was_read():
+    """Stop while the source waits (an engine held mid-run): the batches end at once, normally, with
+    every item read before the stop, and the source is closed."""
+    closed: list = []
+
+    async def run():
+        stop = asyncio.Event()
+        got: list[int] = []
+        async for batch in paced(_source([0.0, 0.0, 30.0], closed=closed), 0.01, stop=stop):
+            got += batch
+            if got == [0, 1]:
+                asyncio.get_running_loop().call_later(0.05, stop.set)
+        return got
+
+    started = asyncio.run(asyncio.wait_for(run(), 5))
+    assert started == [0, 1]
+    assert closed == [True]
+
+
+def test_a_stop_set_before_reading_starts_ends_the_batches_at_once():
+    closed: list = []
+
+    async def run():
+        stop = asyncio.Event()
+        stop.set()
+        return [b async for b in paced(_source([0.0] * 3, closed=closed), 0.01, stop=stop)]
+
+    assert asyncio.run(asyncio.wait_for(run(), 5)) == []

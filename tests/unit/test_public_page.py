@@ -113,6 +113,18 @@ def test_run_slots_one_per_session_a_few_per_address_presenter_unbounded_by_addr
     assert slots.take(a3) is None and slots.running() == 3
 
 
+def test_stop_reaches_only_the_sessions_own_run_and_a_finished_run_leaves_no_signal():
+    slots = RunSlots()
+    mine, theirs = Visitor("mine", "10.0.0.1"), Visitor("theirs", "10.0.0.1")
+    assert slots.take(mine) is None and slots.take(theirs) is None
+    my_stop, their_stop = slots.stop_signal("mine"), slots.stop_signal("theirs")
+    assert slots.stop("mine") and my_stop.is_set() and not their_stop.is_set()
+    assert not slots.stop("nobody")
+    slots.give_back(mine)
+    assert not slots.stop("mine")  # nothing runs there now: nothing to stop
+    assert slots.take(mine) is None and not slots.stop_signal("mine").is_set()  # the next run starts unstopped
+
+
 def test_token_buckets_refuse_beyond_the_rate_and_refill():
     clock = ManualClock(1000.0)
     buckets = TokenBuckets(clock)
