@@ -12,13 +12,15 @@ locked endpoints, uploading an oversized CSV, opening many sessions), run in a p
 own; ``--heavy N``, the comparison: N quiet visitors that only hold the background load a
 hostile visitor's many sessions are granted (``MAX_BACKGROUND_PER_VISITOR``) and poll like a page.
 Each user is a ``gradio_client`` session that, until the deadline, picks at
-random: run a preset prompt (16-48 tokens), move its load slider (0-8), poll
+random: run a preset prompt (16-48 tokens; a quarter of the runs are stopped with /stop once
+they stream, as a person presses Stop), move its load slider (0-8), poll
 the live charts like an open page does, or close its tab (the client's
 heartbeat ends: Gradio's unload fires) and come back as a new session.
 Everything is bounded: loopback only, --duration seconds of actions, then every
 user leaves; the script waits up to --drain-s for the background load to end.
 
-Report (JSON last line): requests served, the well-behaved users' errors by kind (the hostile
+Report (JSON last line): requests served, Stops pressed and runs that ended "Stopped" (a run
+may finish before its Stop lands), the well-behaved users' errors by kind (the hostile
 users' outcomes apart), their step-to-screen latency (each streamed update's arrival at the
 client after the engine step it shows, ``data-t``: one clock, one machine; p50/p95), whether the
 engine-wide settings were the same at the end, background requests
@@ -56,6 +58,7 @@ from tests.support.app_process import AppNotReady, AppProcess, engine_ready, sta
 from tests.support.hostile import engine_servers  # noqa: E402
 
 CLIENT_TIMEOUT_S = 120.0  # a page waits for a busy server; httpx's default 5 s would count it as an error
+STOP_SHARE = 0.25  # of the users' runs, those stopped once they stream
 
 
 def app_rss_mib(pid: int) -> float:
@@ -122,16 +125,25 @@ class User(threading.Thread):
             client.close()  # everyone leaves at the end
 
     def _run(self, client: Client) -> bool:
-        """One request, streamed as the page gets it; True if it was served."""
+        """One request, streamed as the page gets it, perhaps stopped; True if it was served (its
+        final numbers, or its stopped view)."""
         job = client.submit(self.rng.choice(self.prompts), 0.0, self.rng.choice([16, 32, 48]), api_name="/run")
+        stop_it = self.rng.random() < STOP_SHARE
         last = None
         for out in job:
             t = newest_step_t(out[0])
             if t is not None:
                 self.latencies.append(time.monotonic() - t)
+            if stop_it and out[0].get("streaming") and out[0].get("steps"):
+                client.predict(api_name="/stop")
+                self.tally("stops")
+                stop_it = False
             last = out
         result = job.outputs()[-1] if job.outputs() else last
-        return bool(result and result[4])
+        stopped = bool(result) and (result[0].get("footer") or "").startswith("Stopped:")
+        if stopped:
+            self.tally("stopped")
+        return bool(result and (result[4] or stopped))
 
     def _connect(self) -> Client | None:
         for _ in range(5):
@@ -212,6 +224,8 @@ def soak(
         "settings_unchanged": settings_after == settings,
         "served": counts["served"],
         "refused": counts["run_refused"],
+        "stops": counts["stops"],
+        "stopped": counts["stopped"],
         "load_moves": counts["load_set"],
         "polls": counts["polls"],
         "tab_closes": counts["tab_closes"],

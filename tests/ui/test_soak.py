@@ -37,6 +37,7 @@ def test_twenty_users_for_two_minutes_leave_nothing_behind(tiny):
     print(report)
     assert report["served"] > 20, report
     assert report["tab_closes"] > 0 and report["load_moves"] > 0, report
+    assert report["stops"] > 0 and 0 < report["stopped"] <= report["stops"], report
     assert report["errors"] == {}, report
     assert report["engine_running_after"] == 0 and report["engine_waiting_after"] == 0, report
     assert report["app_rss_growth"] < 0.10, report
