@@ -63,6 +63,7 @@ FILE_CACHE_CLEANUP = (3600, 3600)
 class ExplorerPage:
     blocks: gr.Blocks
     routes: dict[str, Callable[[], Any]]  # path -> what the HTTP door answers there (JSON), without Gradio
+    stop_fns: frozenset[int] = frozenset()  # Gradio fn ids of Stop (the door bounds them as Stops, not polls)
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,8 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
         engine.wire()
         load.wire(page)
         wire_chart_timer(load, policy, ledger, run)
-    return ExplorerPage(page, {TOP_LINES_PATH: engine.top_lines, LIVE_CHART_PATH: load.chart_update})
+    routes = {TOP_LINES_PATH: engine.top_lines, LIVE_CHART_PATH: load.chart_update}
+    return ExplorerPage(page, routes, frozenset({run.stop_fn}))
 
 
 def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) -> None:
@@ -119,7 +121,7 @@ def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) ->
     # browser's localStorage (shown at /gradio_api/runs: on a shared workshop laptop, to the next
     # person), and re-reads and re-writes that whole history at every streamed step: at background
     # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
-    gate = Middleware(VisitorGate, exposure=exposure, routes=page.routes)
+    gate = Middleware(VisitorGate, exposure=exposure, routes=page.routes, stop_fns=page.stop_fns)
     expiry = Middleware(IdleSessionExpiry)
     page.blocks.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4, api_open=False).launch(
         server_name=host,

@@ -6,9 +6,11 @@ address its proxy forwarded, else the connection's) and, where it names one, its
 
 - ``routes``: paths the gate answers itself, as JSON, without Gradio (the status line every page
   fetches each second: a Gradio call would build a whole session's state for it, about 10 ms);
-- the page's plain polls (``/gradio_api/run/...``) per address (``POLLS``) and per session
-  (``SESSION_POLLS``); events joining the queue (``/gradio_api/queue/join``,
-  ``/gradio_api/call/...``) per address (``EVENTS``); uploads (``UPLOADS``);
+- the page's plain polls (``/gradio_api/run/...``, and Gradio's alias ``/gradio_api/api/...``) per
+  address (``POLLS``) and per session (``SESSION_POLLS``); Stop apart, per address (``STOPS``), so
+  a page over its poll rate can still stop its run: ``/run/stop`` (an API caller) or
+  ``/run/predict`` with a ``fn_index`` in ``stop_fns`` (the page's own call); events joining the queue
+  (``/gradio_api/queue/join``, ``/gradio_api/call/...``) per address (``EVENTS``); uploads (``UPLOADS``);
 - a session the gate has not seen before, per address (``NEW_SESSIONS``): Gradio builds every
   new session's state from the page's whole config, so made-up sessions are the costly ones.
 
@@ -47,6 +49,7 @@ POLLS = Rate(20.0, 60.0)  # Gradio plain requests per address per second (a page
 SESSION_POLLS = Rate(3.0, 10.0)  # the same per session (one page)
 LINES = Rate(40.0, 80.0)  # the gate's own answers (the status line: one a second per page)
 EVENTS = Rate(10.0, 40.0)  # events joining the queue per address per second (Run, a slider, a click)
+STOPS = Rate(5.0, 30.0)  # Stop presses per address per second (a classroom stopping at once)
 UPLOADS = Rate(1.0, 5.0)
 NEW_SESSIONS = Rate(0.5, 30.0)  # sessions an address may start: 30 pages at once, then one per 2 s
 TARPIT_S = 2.0  # the longest a request over its rate is held before its 429
@@ -56,9 +59,13 @@ MAX_TRACKED = 20_000  # buckets and known sessions kept at most; the idle ones g
 
 ANONYMOUS = "\0anonymous"  # a call that names no session: Gradio makes a new one for it, each time
 HEARTBEAT = re.compile(r"^/gradio_api/heartbeat/([^/]+)")
-SESSION_IN_BODY = ("/gradio_api/run/", "/gradio_api/queue/join")
-KINDS: tuple[tuple[str, str, Rate], ...] = (
+SESSION_IN_BODY = ("/gradio_api/run/", "/gradio_api/api/", "/gradio_api/queue/join")
+BY_FN_INDEX = ("/gradio_api/run/predict", "/gradio_api/api/predict")  # Gradio runs the body's fn_index
+KINDS: tuple[tuple[str, str, Rate], ...] = (  # the first prefix a path starts with decides
+    ("/gradio_api/run/stop", "stops", STOPS),
+    ("/gradio_api/api/stop", "stops", STOPS),
     ("/gradio_api/run/", "polls", POLLS),
+    ("/gradio_api/api/", "polls", POLLS),  # Gradio's alias of /run/
     ("/gradio_api/queue/join", "events", EVENTS),
     ("/gradio_api/call/", "events", EVENTS),
     ("/gradio_api/upload", "uploads", UPLOADS),
@@ -98,8 +105,10 @@ class VisitorGate:
         routes: dict[str, Callable[[], Any]] | None = None,
         kinds: tuple[tuple[str, str, Rate], ...] = KINDS,
         clock: Callable[[], float] = time.monotonic,
+        stop_fns: frozenset[int] = frozenset(),
     ) -> None:
         self.app = app
+        self.stop_fns = stop_fns
         self.exposure = exposure
         self.routes = routes or {}
         self.kinds = kinds
@@ -122,7 +131,9 @@ class VisitorGate:
         if not self.exposure.public:
             return await self.app(scope, receive, send)
         kind = next(((k, rate) for prefix, k, rate in self.kinds if path.startswith(prefix)), None)
-        session, receive = await self._session_of(scope, path, receive)
+        session, fn_index, receive = await self._session_of(scope, path, receive)
+        if fn_index in self.stop_fns and path.rstrip("/") in BY_FN_INDEX:
+            kind = ("stops", STOPS)
         if session == ANONYMOUS or (session is not None and session not in self.sessions):
             if wait := self.buckets.take((address, "new sessions"), NEW_SESSIONS):
                 return await self._refuse(send, "new sessions", wait)
@@ -138,18 +149,19 @@ class VisitorGate:
                 return await self._refuse(send, name, wait)
         await self.app(scope, receive, send)
 
-    async def _session_of(self, scope: Scope, path: str, receive: Callable) -> tuple[str | None, Callable]:
-        """The request's Gradio session (from the heartbeat's path or a small JSON body) and a
-        ``receive`` that hands the app the body again; a call without one is a new session each time."""
+    async def _session_of(self, scope: Scope, path: str, receive: Callable) -> tuple[str | None, int | None, Callable]:
+        """The request's Gradio session (from the heartbeat's path or a small JSON body), the body's
+        ``fn_index`` and a ``receive`` that hands the app the body again; a call without a session is
+        a new session each time."""
         if m := HEARTBEAT.match(path):
-            return m.group(1), receive
+            return m.group(1), None, receive
         if scope.get("method") != "POST" or not path.startswith(SESSION_IN_BODY):
-            return None, receive
+            return None, None, receive
         body, more = b"", True
         while more and len(body) <= MAX_BODY:
             message = await receive()
             if message["type"] != "http.request":
-                return None, receive  # the client went away
+                return None, None, receive  # the client went away
             body += message.get("body", b"")
             more = message.get("more_body", False)
         replayed = False
@@ -162,10 +174,12 @@ class VisitorGate:
             return await receive()
 
         try:
-            session = json.loads(body).get("session_hash") if not more else None
+            fields = json.loads(body) if not more else {}
+            session, fn_index = fields.get("session_hash"), fields.get("fn_index")
         except (ValueError, AttributeError):
-            session = None
-        return (session if isinstance(session, str) and session else ANONYMOUS), replay
+            session, fn_index = None, None
+        fn_index = fn_index if isinstance(fn_index, int) else None
+        return (session if isinstance(session, str) and session else ANONYMOUS), fn_index, replay
 
     async def _refuse(self, send: Callable, what: str, wait: float) -> None:
         self.refused[what] += 1

@@ -125,7 +125,8 @@ class RunPanel:
         # Stop is the run's own signal, not Gradio's cancel: the run ends normally, its last update
         # (the stopped view) comes after every update it sent before, in order, and the event
         # completes without an error; outside the queue, so a full queue never holds a Stop back
-        self.stop_btn.click(self.stop, None, None, api_name="stop", queue=False, show_progress="hidden")
+        stop = self.stop_btn.click(self.stop, None, None, api_name="stop", queue=False, show_progress="hidden")
+        self.stop_fn = int(stop["id"])  # the page calls it as /run/predict with this fn_index
         self.check_btn.click(
             self.check,
             [self.last, self.temperature],
@@ -162,7 +163,7 @@ class RunPanel:
 
     async def stop(self, request: gr.Request) -> None:
         """Stops this page's run, if one streams (a coroutine: the signal is set on the event loop)."""
-        self.ctx.runs.stop(self.ctx.session(request))
+        self.ctx.runs.stop(self.ctx.visitor(request).session)  # the session's name as run() takes its slot
 
     def _not_ready(self) -> str | None:
         st = self.backend.status()
@@ -221,11 +222,15 @@ class RunPanel:
             }
 
     def _stopped(self, steps: list[Step], text: str, times: list[tuple[float, int]]) -> Updates:
+        """The stopped run's last update; ``last`` is cleared, so the lossless check asks for a run
+        rather than checking the one before."""
         got = f"{sum(len(s.emitted) for s in steps)} tokens, {len(steps)} engine steps"
+        closed = "the app closed its request to vLLM, which aborts it"
         return {
-            self.view: token_view_value(steps, prompt=text, footer=f"Stopped: {got}; vLLM aborted the request."),
-            self.card: f"**Stopped** after {got}: vLLM aborted the request, so it has no final numbers.",
+            self.view: token_view_value(steps, prompt=text, footer=f"Stopped: {got}; {closed}."),
+            self.card: f"**Stopped** after {got}: {closed}, so it has no final numbers.",
             self.step_times: times,
+            self.last: None,
         }
 
     def _settings(self) -> SpeedSettings | None:

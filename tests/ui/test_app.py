@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from gradio_client import Client
 
 from tests.support.token_view_markup import view_steps
 
+GOES_ON_S = 0.3  # how long a run streams on after another session's Stop, before its own
 N_TOKENS = 512  # "def fibonacci(n):" runs to the length limit on the tiny pair ("def add" stops at 161)
 
 
@@ -42,24 +44,27 @@ def test_run_streams_coloured_tokens_and_the_card(app_url):
 
 
 def test_stop_ends_the_callers_own_run_with_a_stopped_view_and_no_error(app_url):
-    """/stop stops the run of the session that calls it, and no other: another client's /stop leaves
-    the run streaming; its own ends it normally, with a last update that says how far it got."""
+    """/stop stops the run of the session that calls it, and no other: after another client's /stop
+    the run takes new engine steps (their times, ``data-t``, are CLOCK_MONOTONIC, system-wide, so
+    later than the moment that /stop returned here); its own /stop, GOES_ON_S later, ends it
+    normally (the tiny pair needs 3-8 s for its 1000 tokens), with a last update that says how far
+    it got."""
     runner, other = Client(app_url, verbose=False), Client(app_url, verbose=False)
     job = runner.submit("Write a very long essay about the sea.", 0.0, 1000, api_name="/run")
-    stops_sent = 0
+    other_stopped_at: float | None = None
     for view, *_ in job:
-        if view["streaming"] and view["steps"] >= 1:
-            if stops_sent == 0:
-                other.predict(api_name="/stop")
-            elif stops_sent == 1:
-                runner.predict(api_name="/stop")
-            stops_sent += 1
+        if view["streaming"] and view["steps"] >= 1 and other_stopped_at is None:
+            other.predict(api_name="/stop")
+            other_stopped_at = time.monotonic()
+            time.sleep(GOES_ON_S)
+            runner.predict(api_name="/stop")
     view, card, *_ = job.outputs()[-1]
-    assert stops_sent >= 2, "the run did not stream on after the other session's Stop"
-    assert job.exception() is None
+    assert other_stopped_at is not None and job.exception() is None
     assert view["footer"].startswith("Stopped: ") and not view["streaming"], view["footer"]
     tokens = int(view["footer"].split()[1])
     assert 0 < tokens < 1000 and "Stopped** after" in card
+    went_on = [s for s in view_steps(view) if float(s["ts"]) > other_stopped_at]
+    assert went_on, "the run took no engine step after the other session's Stop"
     for client in (runner, other):
         client.close()
 

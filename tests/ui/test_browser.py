@@ -5,6 +5,7 @@ Screenshots go to ``screenshots/`` (look at them after a run).
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
@@ -344,6 +345,12 @@ def test_the_live_chart_redraws_while_the_pages_own_request_streams(page):
     _wait_for(lambda: _engine_counts(page)[1] == 0, 30, "vLLM to end the stopped request and the load")
 
 
+def _stop_fn(page) -> int:
+    """The Gradio fn id of the app's /stop, from the page's config."""
+    config = httpx.get(page.url.split("?")[0].rstrip("/") + "/config", timeout=10).json()
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == "stop")
+
+
 def test_enter_then_stop_ends_the_run_in_vllm(page, shared_app):
     """A run started from the prompt box (its submit event: Shift+Enter in a multi-line box; not the
     Run button) is stopped by Stop, in vLLM too: vLLM runs it no more and never finishes its 1000
@@ -370,7 +377,10 @@ def test_enter_then_stop_ends_the_run_in_vllm(page, shared_app):
     with paused(vllm_compute(shared_app.pid)):
         # vLLM ran at least one step of it: the page shows it (tokens on the page say it runs)
         page.wait_for_function("() => document.querySelectorAll('#token-view .tv-step').length >= 1", timeout=30_000)
-        page.locator("#stop").click()
+        with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict"), timeout=30_000) as stop:
+            page.locator("#stop").click()
+        # the page's own call, which the app's door bounds as a Stop (request_limits.STOPS), not a poll
+        assert json.loads(stop.value.request.post_data)["fn_index"] == _stop_fn(page)
         # the run's last update, after every one it sent before: what streamed, stopped
         playwright.expect(page.locator("#token-view .tv-footer")).to_contain_text("Stopped:", timeout=30_000)
         time.sleep(ABORT_REACHES_VLLM_S)

@@ -196,6 +196,22 @@ def test_a_poll_reaches_the_app_with_its_body_and_a_sessions_polls_are_bounded(m
     assert door.call("/", None) == 200  # the page itself is never limited
 
 
+def test_gradios_api_alias_is_bounded_like_its_run_route_and_a_page_over_its_polls_can_still_stop(monkeypatch):
+    monkeypatch.setattr("explorer.request_limits.TARPIT_S", 0.0)
+    door = Door(stop_fns=frozenset({7}))
+    body = {"data": [], "session_hash": "page1"}
+    codes = [door.call("/gradio_api/api/charts", body) for _ in range(int(SESSION_POLLS.burst) + 1)]
+    assert codes[-1] == 429  # /api/ is Gradio's alias of /run/: the same session's poll bound
+    # over its polls, the page can still stop its run: its own call (/run/predict, Stop's fn_index)
+    assert door.call("/gradio_api/run/predict", body | {"fn_index": 7}) == 200
+    assert door.call("/gradio_api/run/stop", body) == 200  # an API caller's
+    assert door.call("/gradio_api/api/stop", body) == 200
+    assert door.call("/gradio_api/run/predict", body | {"fn_index": 3}) == 429  # any other fn is a poll
+    assert door.call("/gradio_api/run/charts", body | {"fn_index": 7}) == 429  # Gradio runs /charts here
+    made_up = [door.call("/gradio_api/api/charts", {"data": [], "session_hash": f"x{i}"}) for i in range(40)]
+    assert 429 in made_up  # made-up sessions through the alias are bounded too
+
+
 def test_made_up_sessions_from_one_address_are_bounded(monkeypatch):
     monkeypatch.setattr("explorer.request_limits.TARPIT_S", 0.0)
     door = Door()
