@@ -38,10 +38,10 @@ from explorer.panels.load import LIVE_CHART_PATH, LoadPanel
 from explorer.panels.policy import PolicyPanel, build_policy_panel
 from explorer.panels.presenter import Presenter
 from explorer.panels.replay import build_replay_panel
-from explorer.panels.run import RunPanel
+from explorer.panels.run import STOP_API, RunPanel
 from explorer.panels.sweep import build_sweep_panel
 from explorer.panels.visitors import Exposure
-from explorer.request_limits import VisitorGate
+from explorer.request_limits import StopCall, VisitorGate
 from explorer.session_expiry import IdleSessionExpiry
 from explorer.views.live_charts import CHART_REFRESH_S
 
@@ -63,7 +63,7 @@ FILE_CACHE_CLEANUP = (3600, 3600)
 class ExplorerPage:
     blocks: gr.Blocks
     routes: dict[str, Callable[[], Any]]  # path -> what the HTTP door answers there (JSON), without Gradio
-    stop_fns: frozenset[int] = frozenset()  # Gradio fn ids of Stop (the door bounds them as Stops, not polls)
+    stop: StopCall | None = None  # the page's Stop (the door bounds it as a Stop, not a poll)
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,7 @@ def build_page(backend: Backend, presets: Sequence[Preset], defaults: PageDefaul
         load.wire(page)
         wire_chart_timer(load, policy, ledger, run)
     routes = {TOP_LINES_PATH: engine.top_lines, LIVE_CHART_PATH: load.chart_update}
-    return ExplorerPage(page, routes, frozenset({run.stop_fn}))
+    return ExplorerPage(page, routes, StopCall(STOP_API, run.stop_fn))
 
 
 def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) -> None:
@@ -121,7 +121,7 @@ def launch_page(page: ExplorerPage, host: str, port: int, exposure: Exposure) ->
     # browser's localStorage (shown at /gradio_api/runs: on a shared workshop laptop, to the next
     # person), and re-reads and re-writes that whole history at every streamed step: at background
     # load 64 a third of the page's work between a step's arrival and its tokens (docs/benchmarks.md)
-    gate = Middleware(VisitorGate, exposure=exposure, routes=page.routes, stop_fns=page.stop_fns)
+    gate = Middleware(VisitorGate, exposure=exposure, routes=page.routes, stop=page.stop)
     expiry = Middleware(IdleSessionExpiry)
     page.blocks.queue(max_size=QUEUE_SIZE, default_concurrency_limit=4, api_open=False).launch(
         server_name=host,

@@ -7,9 +7,10 @@ address its proxy forwarded, else the connection's) and, where it names one, its
 - ``routes``: paths the gate answers itself, as JSON, without Gradio (the status line every page
   fetches each second: a Gradio call would build a whole session's state for it, about 10 ms);
 - the page's plain polls (``/gradio_api/run/...``, and Gradio's alias ``/gradio_api/api/...``) per
-  address (``POLLS``) and per session (``SESSION_POLLS``); Stop apart, per address (``STOPS``), so
-  a page over its poll rate can still stop its run: ``/run/stop`` (an API caller) or
-  ``/run/predict`` with a ``fn_index`` in ``stop_fns`` (the page's own call); events joining the queue
+  address (``POLLS``) and per session (``SESSION_POLLS``); the page's Stop (``stop``, a
+  ``StopCall``) apart, per address (``STOPS``), so a page over its poll rate can still stop its run:
+  ``/run/<api_name>`` (an API caller) or ``/run/predict`` with its ``fn_index`` (the page's own
+  call); events joining the queue
   (``/gradio_api/queue/join``, ``/gradio_api/call/...``) per address (``EVENTS``); uploads (``UPLOADS``);
 - a session the gate has not seen before, per address (``NEW_SESSIONS``): Gradio builds every
   new session's state from the page's whole config, so made-up sessions are the costly ones.
@@ -59,17 +60,29 @@ MAX_TRACKED = 20_000  # buckets and known sessions kept at most; the idle ones g
 
 ANONYMOUS = "\0anonymous"  # a call that names no session: Gradio makes a new one for it, each time
 HEARTBEAT = re.compile(r"^/gradio_api/heartbeat/([^/]+)")
-SESSION_IN_BODY = ("/gradio_api/run/", "/gradio_api/api/", "/gradio_api/queue/join")
-BY_FN_INDEX = ("/gradio_api/run/predict", "/gradio_api/api/predict")  # Gradio runs the body's fn_index
+PLAIN_CALLS = ("/gradio_api/run/", "/gradio_api/api/")  # Gradio's plain calls (/api/ is an alias of /run/)
+SESSION_IN_BODY = (*PLAIN_CALLS, "/gradio_api/queue/join")
 KINDS: tuple[tuple[str, str, Rate], ...] = (  # the first prefix a path starts with decides
-    ("/gradio_api/run/stop", "stops", STOPS),
-    ("/gradio_api/api/stop", "stops", STOPS),
     ("/gradio_api/run/", "polls", POLLS),
     ("/gradio_api/api/", "polls", POLLS),  # Gradio's alias of /run/
     ("/gradio_api/queue/join", "events", EVENTS),
     ("/gradio_api/call/", "events", EVENTS),
     ("/gradio_api/upload", "uploads", UPLOADS),
 )
+
+
+@dataclass(frozen=True)
+class StopCall:
+    """The page's Stop event, as a plain call names it: ``/run/<api_name>`` (an API caller), or
+    ``/run/predict`` with ``fn_index`` ``fn_id`` in its body (the page itself)."""
+
+    api_name: str
+    fn_id: int
+
+    def made_by(self, path: str, fn_index: int | None) -> bool:
+        route = path.rstrip("/")
+        name = next((route[len(p) :] for p in PLAIN_CALLS if route.startswith(p)), None)
+        return name == self.api_name or (name == "predict" and fn_index == self.fn_id)
 
 
 class TokenBuckets:
@@ -105,10 +118,10 @@ class VisitorGate:
         routes: dict[str, Callable[[], Any]] | None = None,
         kinds: tuple[tuple[str, str, Rate], ...] = KINDS,
         clock: Callable[[], float] = time.monotonic,
-        stop_fns: frozenset[int] = frozenset(),
+        stop: StopCall | None = None,
     ) -> None:
         self.app = app
-        self.stop_fns = stop_fns
+        self.stop = stop
         self.exposure = exposure
         self.routes = routes or {}
         self.kinds = kinds
@@ -132,7 +145,7 @@ class VisitorGate:
             return await self.app(scope, receive, send)
         kind = next(((k, rate) for prefix, k, rate in self.kinds if path.startswith(prefix)), None)
         session, fn_index, receive = await self._session_of(scope, path, receive)
-        if fn_index in self.stop_fns and path.rstrip("/") in BY_FN_INDEX:
+        if self.stop is not None and self.stop.made_by(path, fn_index):
             kind = ("stops", STOPS)
         if session == ANONYMOUS or (session is not None and session not in self.sessions):
             if wait := self.buckets.take((address, "new sessions"), NEW_SESSIONS):

@@ -55,6 +55,7 @@ VIEW_BYTES_PER_S = 500_000
 SLIDER_MAX_TEMPERATURE = 1.5  # the page's slider; API callers may go up to input_checks.MAX_TEMPERATURE
 MAX_FOREGROUND_RUNS = 16  # visitors' runs streaming at once, however started (Run, Shift+Enter, the API)
 MAX_CHECKS = 2  # lossless checks running at once (each a request on the speculation-off engine)
+STOP_API = "stop"  # Stop's API name (the app's door knows Stop's calls by it: request_limits.StopCall)
 
 
 class RunPanel:
@@ -125,7 +126,7 @@ class RunPanel:
         # Stop is the run's own signal, not Gradio's cancel: the run ends normally, its last update
         # (the stopped view) comes after every update it sent before, in order, and the event
         # completes without an error; outside the queue, so a full queue never holds a Stop back
-        stop = self.stop_btn.click(self.stop, None, None, api_name="stop", queue=False, show_progress="hidden")
+        stop = self.stop_btn.click(self.stop, None, None, api_name=STOP_API, queue=False, show_progress="hidden")
         self.stop_fn = int(stop["id"])  # the page calls it as /run/predict with this fn_index
         self.check_btn.click(
             self.check,

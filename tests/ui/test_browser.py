@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from explorer.panels.run import STOP_API
 from tests.support.app_process import CHROMIUM_ARGS
 from tests.support.browser import CHROMIUM, SHOTS, drag_slider, edit_cell, showing
 from tests.support.processes import paused, vllm_compute
@@ -348,7 +349,7 @@ def test_the_live_chart_redraws_while_the_pages_own_request_streams(page):
 def _stop_fn(page) -> int:
     """The Gradio fn id of the app's /stop, from the page's config."""
     config = httpx.get(page.url.split("?")[0].rstrip("/") + "/config", timeout=10).json()
-    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == "stop")
+    return next(d["id"] for d in config["dependencies"] if d.get("api_name") == STOP_API)
 
 
 def test_enter_then_stop_ends_the_run_in_vllm(page, shared_app):
@@ -369,6 +370,11 @@ def test_enter_then_stop_ends_the_run_in_vllm(page, shared_app):
     prompt.fill("Write a very long essay about the sea.")  # runs to its 1000 tokens on the tiny pair
     prompt.press("Shift+Enter")
     url = _engine_url(page)  # asked of the page once: a busy page answers slowly
+    stop_fn = _stop_fn(page)
+
+    def stop_call(response) -> bool:  # the page's own Stop call: the door bounds it as a Stop, not a poll
+        body = response.request.post_data or "{}"
+        return response.url.endswith("/gradio_api/run/predict") and json.loads(body).get("fn_index") == stop_fn
 
     def running() -> float:
         return _metric(_metrics_at(url), "vllm:num_requests_running")
@@ -377,10 +383,8 @@ def test_enter_then_stop_ends_the_run_in_vllm(page, shared_app):
     with paused(vllm_compute(shared_app.pid)):
         # vLLM ran at least one step of it: the page shows it (tokens on the page say it runs)
         page.wait_for_function("() => document.querySelectorAll('#token-view .tv-step').length >= 1", timeout=30_000)
-        with page.expect_response(lambda r: r.url.endswith("/gradio_api/run/predict"), timeout=30_000) as stop:
+        with page.expect_response(stop_call, timeout=30_000):  # request_limits.StopCall knows it
             page.locator("#stop").click()
-        # the page's own call, which the app's door bounds as a Stop (request_limits.STOPS), not a poll
-        assert json.loads(stop.value.request.post_data)["fn_index"] == _stop_fn(page)
         # the run's last update, after every one it sent before: what streamed, stopped
         playwright.expect(page.locator("#token-view .tv-footer")).to_contain_text("Stopped:", timeout=30_000)
         time.sleep(ABORT_REACHES_VLLM_S)

@@ -26,7 +26,7 @@ from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.service.fair_share import MAX_BACKGROUND_PER_VISITOR
 from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
 from tests.support.hostile import engine_servers, presenter_key
-from tests.support.processes import descendants, describe, processes_mentioning, wait_ended
+from tests.support.processes import descendants, describe, processes_mentioning, vllm_compute, wait_ended
 
 LOCKED = "locked by the presenter"
 TABLE = {"headers": ["start_bs", "end_bs", "K"], "data": [[1, 64, 0]]}
@@ -179,12 +179,11 @@ def test_vllms_api_server_keeps_the_apps_priority_and_its_compute_runs_lower(pub
     server_pid, _, _ = next(s for s in public.servers() if not s[2])
     server = psutil.Process(server_pid)
     assert server.nice() == app_nice
-    compute = server.children(recursive=True)
+    compute = vllm_compute(server_pid)
     names = {p.name() for p in compute}
     assert any("EngineCore" in n for n in names) and any("Worker" in n for n in names), names
     for p in compute:
-        if "VLLM" in p.name():
-            assert {os.getpriority(os.PRIO_PROCESS, t.id) for t in p.threads()} == {app_nice + 10}, p.name()
+        assert {os.getpriority(os.PRIO_PROCESS, t.id) for t in p.threads()} == {app_nice + 10}, p.name()
 
 
 def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(public):

@@ -14,7 +14,7 @@ from engine_adapter.service.backend import RecordingStatus, Visitor
 from explorer.panels.poll_cache import PollBound, TickCache
 from explorer.panels.presenter import MAX_WRONG_PER_MINUTE, KeyThrottle, Presenter
 from explorer.panels.visitors import Exposure, RunSlots, address_of, exposure_for, is_loopback
-from explorer.request_limits import NEW_SESSIONS, SESSION_POLLS, Rate, TokenBuckets, VisitorGate
+from explorer.request_limits import NEW_SESSIONS, SESSION_POLLS, Rate, StopCall, TokenBuckets, VisitorGate
 from explorer.views.status import for_visitors, recording_banner_markdown
 from tests.support.manual_clock import ManualClock
 
@@ -198,7 +198,7 @@ def test_a_poll_reaches_the_app_with_its_body_and_a_sessions_polls_are_bounded(m
 
 def test_gradios_api_alias_is_bounded_like_its_run_route_and_a_page_over_its_polls_can_still_stop(monkeypatch):
     monkeypatch.setattr("explorer.request_limits.TARPIT_S", 0.0)
-    door = Door(stop_fns=frozenset({7}))
+    door = Door(stop=StopCall("stop", 7))
     body = {"data": [], "session_hash": "page1"}
     codes = [door.call("/gradio_api/api/charts", body) for _ in range(int(SESSION_POLLS.burst) + 1)]
     assert codes[-1] == 429  # /api/ is Gradio's alias of /run/: the same session's poll bound
