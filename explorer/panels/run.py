@@ -44,7 +44,7 @@ from explorer.views.input_checks import MAX_TOKENS, check_run
 from explorer.views.lossless import compare, verdict_markdown
 from explorer.views.presets import preset_choices, presets_by_label
 from explorer.views.request_card import card_markdown, histogram_figure, position_figure
-from explorer.views.token_view import token_view_value
+from explorer.views.token_view import run_tally, token_view_value
 
 Updates = dict[Component, Any]
 MIN_UPDATE_S = 0.1  # the token view is redrawn at most this often (explorer/panels/pacing.py)
@@ -225,7 +225,7 @@ class RunPanel:
     def _stopped(self, steps: list[Step], text: str, times: list[tuple[float, int]]) -> Updates:
         """The stopped run's last update; ``last`` is cleared, so the lossless check asks for a run
         rather than checking the one before."""
-        got = f"{sum(len(s.emitted) for s in steps)} tokens, {len(steps)} engine steps"
+        got = run_tally(sum(len(s.emitted) for s in steps), len(steps))
         closed = "the app closed its request to vLLM, which aborts it"
         return {
             self.view: token_view_value(steps, prompt=text, footer=f"Stopped: {got}; {closed}."),
@@ -238,7 +238,7 @@ class RunPanel:
         return self.ctx.ticks.get("speed_settings", self.backend.speed_settings)
 
     def _finished(self, result: RequestResult, text: str, times: list[tuple[float, int]]) -> Updates:
-        footer = f"{len(result.token_ids)} tokens, {len(result.steps)} engine steps"
+        footer = run_tally(len(result.token_ids), len(result.steps))
         return {
             self.view: token_view_value(result.steps, prompt=text, footer=footer),
             self.card: card_markdown(result, settings=self._settings()),

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from engine_adapter.engine_config import FULL_VARIANT, VARIANT_LABELS
 from engine_adapter.policy.k_policy import OneRequestOutlook, one_request_outlook
 from engine_adapter.service.backend import Backend, RecordingStatus, ReplayInfo, ServiceStatus, StartTimes
+from explorer.views.token_view import plural
 
 if TYPE_CHECKING:
     from engine_adapter.policy.live_state import PolicyView
@@ -223,10 +224,6 @@ def _engine_running_markdown(backend: Backend) -> str:
     return engine
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'s' if n != 1 else ''}"
-
-
 def _held_back(share: Any, state: str) -> str:
     """Why this session's load is less than it asked, or stopped: the page always says."""
     if share.ended:
@@ -234,7 +231,7 @@ def _held_back(share: Any, state: str) -> str:
     if share.asked and state != "ready":
         return f" ⏸ The engine is {state}: your {share.asked} requests start when it is ready."
     if share.asked > share.granted:
-        caps = f"the cap of {share.cap} is shared by {_plural(share.visitors, 'visitor')}"
+        caps = f"the cap of {share.cap} is shared by {plural(share.visitors, 'visitor')}"
         if share.visitor_cap is not None and share.granted >= min(share.asked, share.visitor_cap):
             caps += f", and one visitor (all tabs and scripts from one address) gets at most {share.visitor_cap}"
         return f" Granted {share.granted} of {share.asked}: {caps}."
@@ -253,7 +250,7 @@ def load_readout_markdown(backend: Backend, session: str) -> str:
         if share.asked
         else "You ask for no background load"
     )
-    shared = f" (the cap of {share.cap} is shared by {_plural(share.sessions, 'session')})"
+    shared = f" (the cap of {share.cap} is shared by {plural(share.sessions, 'session')})"
     in_flight, done, failed = (st.in_flight, st.completed, st.failed) if st else (0, 0, 0)
     err = f" Last error: {st.last_error}" if st and st.last_error else ""
     stopped = f" The load stopped: {st.stopped}." if st and st.stopped else ""

@@ -44,6 +44,16 @@ KIND_LABEL = MappingProxyType(
 _JS_LITERAL = MappingProxyType(str.maketrans({"$": "&#36;", "`": "&#96;", "\\": "&#92;"}))
 
 
+def plural(n: int, word: str) -> str:
+    """``n`` and the word, with an s unless n is 1: "1 token", "2 tokens"."""
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def run_tally(n_tokens: int, n_steps: int) -> str:
+    """A run's size as the page says it: "12 tokens, 1 engine step"."""
+    return f"{plural(n_tokens, 'token')}, {plural(n_steps, 'engine step')}"
+
+
 def inert(text: str) -> str:
     """HTML-escape and neutralise JS template-literal syntax."""
     return html.escape(text, quote=True).translate(_JS_LITERAL)
