@@ -10,6 +10,8 @@ of the steady loop, the last ``MAX_KEPT`` of each. It returns a new fit when a c
 (``cost_prior.scale_prior``: a cell not yet reached follows the machine the others measured),
 with every learned cell in place of the base's own for the same (batch size, K), each weighted
 by its steps (the base's count as ``BASE_SAMPLES``). ``learned_steps`` and ``learned_cells`` say how much it rests on.
+``unreached(cells)`` lists the cells no traffic has filled yet: what idle time may measure
+(``live_state.LivePolicy.start_filling``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class CostLearner:
         have been seconds earlier: then it is no step period)."""
         b, k = step.batch_size, step.k
         return b > 0 and 0 < step.interval_s <= MAX_INTERVAL_OVER_WALL * step.wall_s and step.num_tokens <= b * (k + 1)
+
+    def unreached(self, cells: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The (batch size, K) cells, in the order given, with fewer than ``MIN_LEARN_SAMPLES`` steps learned."""
+        return [cell for cell in cells if self._added[cell] < MIN_LEARN_SAMPLES]
 
     def learn(self, steps: Iterable[EngineStep]) -> CostModel | None:
         for s in steps:  # in the order they ran (``steps_since``): each one once

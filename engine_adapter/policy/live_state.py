@@ -24,6 +24,12 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   the cache, then every window's): a window without drafts keeps the last
   measurement, which fades back to the profile's over ``MEMORY_FADE_S`` (so a
   spell of hard text that put K at 0 everywhere does not keep it there for good);
+- with a shipped prior's model, ``start_filling()`` measures one grid cell traffic has not
+  reached (``CostLearner.unreached``) with profiling requests of its own, and the learner takes
+  its steps; the service calls it only while nobody else uses the engine and ``await
+  stop_filling()`` before anyone's request goes in: it cancels the cell (its requests are
+  aborted, the policy in force is applied again) and returns once the engine runs none of them
+  (``view().filling`` says which cell runs meanwhile);
 - ``changes`` records every policy applied: (monotonic t, spec dict), and through ``note`` the
   service's other engine-wide switches (the acceptance rule: ``{"acceptance": rule dict}``).
 
@@ -45,7 +51,7 @@ from pathlib import Path
 from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import COST_POLICIES, SLOT_POLICIES, PolicyController, PolicySpec, PolicyState
-from engine_adapter.policy.cost_learning import CostLearner
+from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
 from engine_adapter.policy.cost_prior import ShippedPrior, find_prior, scale_prior, timing_grid
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
@@ -64,6 +70,9 @@ from engine_adapter.records import EngineStep
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
 LEARN_S = 30.0  # seconds between two refits of a shipped prior's model from the engine's steps
+FILL_TRIES = 2  # idle-time measurements of one cell before it is left to traffic (its steps may not count)
+GONE_TIMEOUT_S = 10.0  # stop_filling waits at most this long for the engine to drop the cell's requests
+GONE_SETTLE_S = 0.15  # ... and at least this long: a request the cell had just sent may yet reach the engine
 MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns toward the profile's acceptance
 START_POLICIES = ("configured", "auto", "auction")
 
@@ -89,6 +98,8 @@ class PolicyView:
     profile_estimate_s: float | None = None
     # a shipped prior's model: where it came from, how it was scaled, what it learned since
     cost_note: str | None = None
+    # the cell measured in idle time now ("4 requests x K=3"), its requests in the engine's count
+    filling: str | None = None
 
 
 def config_spec(config: EngineConfig) -> PolicySpec:
@@ -126,6 +137,9 @@ class LivePolicy:
         self._learner: CostLearner | None = None
         self._learned_t = 0.0
         self._profiling: str | None = None
+        self._filling: str | None = None  # the cell measured in idle time (``start_filling``)
+        self._fill_task: asyncio.Task | None = None
+        self._fill_tries: collections.Counter[tuple[int, int]] = collections.Counter()
         self._measured: CostModel | None = None  # the cells measured so far, while profiling
         self._error: str | None = None
         self._pending: PolicySpec | None = None
@@ -191,6 +205,8 @@ class LivePolicy:
         self._measured = None
         self._pending = None
         self._learner, self._prior_note = None, None
+        self._fill_task, self._filling = None, None
+        self._fill_tries.clear()
         self._why_not = "no engine"
 
     # --- actions ------------------------------------------------------------
@@ -352,13 +368,86 @@ class LivePolicy:
             self._learner, self._error = None, f"learning the cost model stopped: {e}"
 
     def _cost_note(self) -> str | None:
-        note, learner = self._prior_note, self._learner  # read once: the service loop may clear them
+        note, learner, filling = self._prior_note, self._learner, self._filling  # read once: the loop may clear them
         if note is None or learner is None:
             return note
         cells = learner.learned_cells
         if not cells:
-            return f"{note}; learning from the engine's steps (none complete a cell yet)"
-        return f"{note}; learned since from {learner.learned_steps:,} engine steps in {cells} cell{'s' * (cells != 1)}"
+            note = f"{note}; learning from the engine's steps (none complete a cell yet)"
+        else:
+            steps = f"{learner.learned_steps:,} engine steps"
+            note = f"{note}; learned since from {steps} in {cells} cell{'s' * (cells != 1)}"
+        if filling:
+            note += f"; measuring {filling} while the engine is idle (a visitor's request stops it)"
+        return note
+
+    # --- measuring in idle time (the service decides when nobody else uses the engine) ---
+    def start_filling(self) -> bool:
+        """Start measuring the first grid cell the learner has not reached (and not tried
+        ``FILL_TRIES`` times); False when there is none, or no learner, or a measurement runs."""
+        ctl, learner, grid = self.controller, self._learner, self._grid
+        busy = self._profiling is not None or (self._fill_task is not None and not self._fill_task.done())
+        if ctl is None or ctl.state is None or learner is None or grid is None or busy:
+            return False
+        todo = self.fill_left()
+        if not todo:
+            return False
+        self._fill_tries[todo[0]] += 1
+        self._tasks = [t for t in self._tasks if not t.done()]
+        self._fill_task = asyncio.create_task(self._fill_cell(*todo[0]))
+        self._tasks.append(self._fill_task)
+        return True
+
+    def fill_left(self) -> list[tuple[int, int]]:
+        """The grid's cells idle time may still measure: not reached by the learner, not yet tried
+        ``FILL_TRIES`` times (none without a shipped prior's learner)."""
+        learner, grid = self._learner, self._grid
+        if learner is None or grid is None:
+            return []
+        return [cell for cell in learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
+
+    async def _fill_cell(self, b: int, k: int) -> None:
+        ctl, grid = self.controller, self._grid
+        self._filling = f"{b} request{'s' * (b > 1)} x K={k}"
+        try:
+            with contextlib.suppress(Exception):  # a failed cell is tried again later (``FILL_TRIES``)
+                await profile_engine(
+                    ctl.client,
+                    self._prompts,
+                    ctl.k_max,
+                    self._config.method == "draft",
+                    grid=ProfileGrid((b,), (k,), grid.capture_sizes),
+                    expect=ctl.cost,
+                    **(self.profile_kwargs | {"steps_per_cell": MIN_LEARN_SAMPLES}),
+                )
+        finally:
+            self._filling = None
+            with contextlib.suppress(Exception):  # profiling switched K: the policy in force again
+                state = await ctl.apply(ctl.state.spec, self.alphas())
+                self.changes.append((state.t, state.spec.to_dict()))
+        if self._learner is not None:
+            await self._learn()
+
+    async def stop_filling(self) -> None:
+        """Cancel the cell measured in idle time, if one runs, and return once the engine runs
+        none of its requests: its last step had none, or no step came for twice its last step's
+        time (the engine idle), after ``GONE_SETTLE_S`` and at most ``GONE_TIMEOUT_S``."""
+        task = self._fill_task
+        if task is None or task.done():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        cancelled = time.monotonic()
+        await asyncio.sleep(GONE_SETTLE_S)
+        while time.monotonic() - cancelled < GONE_TIMEOUT_S:
+            steps = self._steps_since(cancelled - GONE_TIMEOUT_S)
+            last = steps[-1] if steps else None
+            if last is None or not last.profiling_requests:
+                return
+            if time.monotonic() - last.t > 2 * last.wall_s + GONE_SETTLE_S:
+                return
+            await asyncio.sleep(0.02)
 
     async def _apply_after_profile(self, spec: PolicySpec, fallback: PolicySpec) -> None:
         self._pending = None
@@ -372,8 +461,8 @@ class LivePolicy:
         while True:
             await asyncio.sleep(self.rederive_s)
             ctl = self.controller
-            if ctl is None or self._profiling is not None or ctl.state is None:
-                continue
+            if ctl is None or self._profiling is not None or self._filling is not None or ctl.state is None:
+                continue  # a measurement switches K itself: no table sent meanwhile
             self.remember_window()
             if self._learner is not None and time.monotonic() - self._learned_t >= LEARN_S:
                 await self._learn()
@@ -414,6 +503,7 @@ class LivePolicy:
             auto_preview=self._auto_preview(ctl, alphas) if self._profiling is None else None,
             profile_estimate_s=estimate_profile_s(ctl.cost, self._grid) if ctl and ctl.cost and self._grid else None,
             cost_note=self._cost_note(),
+            filling=self._filling,
         )
 
     def _auto_preview(self, ctl: PolicyController | None, alphas: list[float]) -> AutoTable | None:

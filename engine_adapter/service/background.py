@@ -134,6 +134,11 @@ class SharedBackground:
                 ended=s.ended.get(session),
             )
 
+    def granted_total(self) -> int:
+        """The requests the sessions' grants add up to (what ``apply`` runs)."""
+        with self._lock:
+            return sum(self._grants().values())
+
     def _grants(self) -> dict[str, int]:
         """The sessions' grants (computed again only after an ask changed); hold ``_lock``."""
         if self._granted is None:

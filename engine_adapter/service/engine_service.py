@@ -63,6 +63,7 @@ from engine_adapter.service.background import SharedBackground
 from engine_adapter.service.fair_share import MAX_BACKGROUND, MAX_BACKGROUND_PER_VISITOR, SESSION_IDLE_S
 from engine_adapter.service.foreground import ForegroundRequests
 from engine_adapter.service.history import EngineHistory
+from engine_adapter.service.idle_fill import IdleFill
 from engine_adapter.service.load import LoadStats
 from engine_adapter.service.quant_lens import LensMachine, LensView, QuantLens, lens_machine
 from engine_adapter.service.restart_gate import RestartGate
@@ -117,6 +118,7 @@ class EngineService:
         session_idle_s: float = SESSION_IDLE_S,
         visitor_cap: int = MAX_BACKGROUND_PER_VISITOR,
         remeasure_interval_s: float = MIN_REMEASURE_INTERVAL_S,
+        idle_fill_options: dict | None = None,
     ) -> None:
         self._loop = ServiceLoop()
         self._engine: LiveEngine | None = None
@@ -153,12 +155,15 @@ class EngineService:
         self._prom_task: asyncio.Task | None = None
         self._janitor_task: asyncio.Task | None = None
         self._twin_task: asyncio.Task | None = None
+        self._fill_task: asyncio.Task | None = None
         # live K policies and the measured cost model (engines started with k_max)
         profile_prompts = [p.prompt if isinstance(p, Preset) else p for p in self._bg_prompts]
         self.probe = SpeedupProbe()  # the speedup at this load, a presenter's measurement
         self.lens = QuantLens()  # the probe's figures per model variant (service.quant_lens)
         self._probe_machine: LensMachine | None = None  # the roofline of the engine the probe ran on
         self.live_policy = LivePolicy(self.steps_since, profile_prompts, **(policy_options or {}))
+        # a shipped prior's cells that traffic has not reached, measured while nobody uses the engine
+        self.idle_fill = IdleFill(self.live_policy, self._in_use, **(idle_fill_options or {}))
         self._submit(self._start_prom())
 
     # --- plumbing -----------------------------------------------------------
@@ -298,11 +303,12 @@ class EngineService:
         self._prom_task = asyncio.create_task(self.history.poll_metrics(lambda: self._engine))
         self._janitor_task = asyncio.create_task(self._janitor())
         self._twin_task = asyncio.create_task(self.twin.watch())
+        self._fill_task = asyncio.create_task(self.idle_fill.run())
 
     async def _shutdown(self) -> None:
         try:
             await self._restarts.close()
-            for task in (self._prom_task, self._janitor_task, self._twin_task):
+            for task in (self._prom_task, self._janitor_task, self._twin_task, self._fill_task):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -367,6 +373,7 @@ class EngineService:
 
     async def _remeasure(self) -> None:
         async with self._lock:  # no restart meanwhile
+            await self.idle_fill.claim()
             await self.background.stop()  # the load resumes afterwards: the sessions' asks are kept
             await self.foreground.wait_done(300.0, self._waiting_for_foreground)
             try:
@@ -474,7 +481,11 @@ class EngineService:
     ) -> AsyncIterator[Step | RequestResult]:
         """A visitor's request; items cross from the service loop to the caller's."""
         return self.foreground.stream(
-            self._ready_engine, prompt, max_tokens=max_tokens, temperature=temperature, request_id=request_id
+            lambda: self._call(self._ready_engine()),
+            prompt,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            request_id=request_id,
         )
 
     def _stream_reference(
@@ -484,16 +495,31 @@ class EngineService:
         result is not reported to ``on_result``."""
 
         async def twin() -> LiveEngine:
-            await self._ready_engine()
+            await self._call(self._ready_engine())
             return await self._call(self._get_reference(may_start))
 
         return self.foreground.stream(twin, prompt, max_tokens=max_tokens, temperature=temperature, report=False)
 
     async def _ready_engine(self) -> LiveEngine:
+        """The engine for someone's request (on the service loop): ready, and no idle-time cell in it."""
         engine = self._engine
         if engine is None or self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
+        await self.idle_fill.claim()
         return engine
+
+    def _in_use(self) -> bool:
+        """Whether anyone uses the engine or is about to (``IdleFill`` measures only while nobody does)."""
+        load = self.background.stats()
+        return (
+            self._status.state != "ready"
+            or self._lock.locked()
+            or self.foreground.in_flight > 0
+            or self.background.granted_total() > 0
+            or (load is not None and load.in_flight > 0)
+            or self.probe.running
+            or self.twin.state == "starting"
+        )
 
     # --- background load ----------------------------------------------------
     def _serving_client(self):
@@ -504,6 +530,8 @@ class EngineService:
 
     async def _apply_bg(self) -> int:
         """Run the sessions' granted total as real requests (marked on the charts)."""
+        if self.background.granted_total() > 0 and self._serving_client() is not None:
+            await self.idle_fill.claim()
         return await self.background.apply(self._serving_client())
 
     async def _set_bg(self, n: int, visitor: Visitor) -> int:

@@ -219,8 +219,14 @@ def _engine_running_markdown(backend: Backend) -> str:
     if backend.status().attached and backend.prom_history():
         running = int(backend.prom_history()[-1].running)
     engine = f"Requests running in the engine: **{running}**."
-    if backend.policy_view().profiling:  # its requests are in that count
+    view = backend.policy_view()
+    if view.profiling:  # its requests are in that count
         engine += " The cost model is being measured meanwhile: its requests count here too."
+    elif view.filling:
+        engine += (
+            f" The engine is idle, so it measures the cost model ({view.filling}): those requests count here"
+            " too, and stop when anyone's request comes."
+        )
     return engine
 
 

@@ -154,3 +154,11 @@ def test_the_page_names_where_a_shipped_cost_model_stands():
     assert "measured earlier on this machine (cache)" in cached
     plain_ms = PRIOR.step_s(1, 0) * 1e3
     assert f"The machine's part: a plain step takes {plain_ms:.0f} ms; at K=1 a draft pass costs" in text
+
+
+def test_the_cells_traffic_has_not_reached_are_left_to_idle_time():
+    learner = CostLearner(PRIOR, drafter_runs_model=True)
+    grid = [(1, 3), (1, 1), (1, 0), (4, 3), (4, 1), (4, 0)]
+    assert learner.unreached(grid) == grid  # nothing learned yet: every cell, in the grid's order
+    learner.learn(steps_on(TRUE, {(1, 3): MIN_LEARN_SAMPLES, (4, 1): MIN_LEARN_SAMPLES - 1, (8, 0): 40}))
+    assert learner.unreached(grid) == [(1, 1), (1, 0), (4, 3), (4, 1), (4, 0)]  # (4, 1): a step short

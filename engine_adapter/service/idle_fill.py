@@ -1,0 +1,56 @@
+"""Measuring the cost model in idle time: the cells traffic has not reached, never beside anyone's request.
+
+Contract: ``IdleFill(policy, in_use, quiet_s=QUIET_S, period_s=PERIOD_S)``. ``await run()`` (a task
+of the engine service's loop) asks ``policy.start_filling()`` for one more cell every
+``period_s`` seconds while ``in_use()`` says nobody uses the engine (no visitor's request, no
+load, no measurement, no restart) and nobody has claimed it for ``quiet_s`` seconds. ``await
+claim()`` comes before any request of anyone's goes in (a visitor's, the load's, the twin's, a
+measurement's): it stops the cell measured meanwhile and returns once the engine runs none of
+its requests (``LivePolicy.stop_filling``), so a profiling step never holds anyone else's request.
+``cells_started`` counts the cells begun.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+QUIET_S = 20.0  # seconds nobody claimed the engine before idle time is used
+PERIOD_S = 2.0  # seconds between two looks
+
+
+class FillsCells(Protocol):
+    def start_filling(self) -> bool: ...
+
+    async def stop_filling(self) -> None: ...
+
+
+class IdleFill:
+    def __init__(
+        self, policy: FillsCells, in_use: Callable[[], bool], quiet_s: float = QUIET_S, period_s: float = PERIOD_S
+    ) -> None:
+        self._policy, self._in_use = policy, in_use
+        self.quiet_s, self.period_s = quiet_s, period_s
+        self._claimed_t = time.monotonic()
+        self.cells_started = 0
+
+    async def claim(self) -> None:
+        """The engine is wanted: no new cell for ``quiet_s``, and the one running stopped and gone."""
+        self._claimed_t = time.monotonic()
+        await self._policy.stop_filling()
+        self._claimed_t = time.monotonic()
+
+    def quiet(self) -> bool:
+        return time.monotonic() - self._claimed_t >= self.quiet_s and not self._in_use()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            try:
+                if self.quiet() and self._policy.start_filling():
+                    self.cells_started += 1
+            except Exception as e:  # said on stderr; the next look tries again
+                print(f"spec-explorer: idle-time measuring skipped: {e!r}", file=sys.stderr, flush=True)

@@ -1,0 +1,99 @@
+"""Idle time measures the cells of a shipped cost model that traffic has not reached, and a
+visitor's request stops it: no step ever holds profiling requests beside anyone else's.
+
+Tiny models (the ``close`` draft, K up to 5), an empty cost-model cache and a prior for exactly this
+engine in ``SPEC_EXPLORER_COST_PRIORS`` (the start times two cells and scales it); idle time counts
+after 1 s here (the app waits ``idle_fill.QUIET_S``)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+
+import pytest
+
+from engine_adapter.engine.platform import cpu_platform
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
+from engine_adapter.policy.cost_prior import PRIORS_ENV, write_prior
+from engine_adapter.policy.profile_grid import DEFAULT_BATCH_SIZES, default_ks, profile_cells
+from engine_adapter.records import RequestResult
+from engine_adapter.service.engine_service import EngineService
+from tests.support.fixtures import tiny_config
+
+BG_PROMPTS = ["def add(a, b):", "The quick brown fox"]
+K_MAX = 5
+PRIOR = CostModel(base_s=0.02, slope_s=0.001, knee_tokens=8, draft_s=0.005, first_s=0.005)
+CELLS = profile_cells(DEFAULT_BATCH_SIZES, default_ks(K_MAX))
+
+
+def made_up_prior() -> CostModel:
+    return fit_cost_model([CostPoint(b, k, b * (k + 1), PRIOR.fit_step_s(b, k), 6) for b, k in CELLS], True)
+
+
+async def _run(service: EngineService, prompt: str, max_tokens: int) -> RequestResult:
+    async for item in service.stream(prompt, max_tokens=max_tokens, temperature=0.0):
+        if isinstance(item, RequestResult):
+            return item
+    raise AssertionError("no result")
+
+
+def _wait(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def filling(tiny, tmp_path_factory):
+    config = tiny_config(tiny, "draft", "close", k=3, k_max=K_MAX)
+    priors = tmp_path_factory.mktemp("fill-priors")
+    write_prior(priors / "tiny.json", config, cpu_platform(), made_up_prior(), None)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPEC_EXPLORER_CACHE", str(tmp_path_factory.mktemp("fill-cache")))  # no cost model there
+    mp.setenv(PRIORS_ENV, str(priors))
+    svc = EngineService(
+        background_prompts=BG_PROMPTS,
+        policy_options={"default_policy": "auto"},
+        idle_fill_options={"quiet_s": 1.0, "period_s": 0.2},
+    )
+    svc.start(config)
+    _wait(lambda: svc.status().state in ("ready", "failed"), 300, "the engine")
+    assert svc.status().state == "ready", svc.status()
+    assert svc.policy_view().cost_source == "shipped", svc.policy_view()
+    yield svc
+    svc.close()
+    mp.undo()
+
+
+def test_a_visitors_request_stops_the_idle_measurement_and_never_shares_a_step_with_it(filling):
+    svc = filling
+    stopped = 0
+    for prompt in ("def fibonacci(n):", "Once upon a time", "def add(a, b):"):
+        _wait(lambda: svc.policy_view().filling is not None, 60, "a cell measured in idle time")
+        result = asyncio.run(_run(svc, prompt, 24))
+        stopped += 1
+        steps = svc.steps_since(0.0)
+        mine = [s for s in steps if any(r.request_id == result.request_id for r in s.requests)]
+        assert mine, "the visitor's request ran in no step the tap saw"
+        assert all(s.profiling_requests == 0 for s in mine), [s.profiling_requests for s in mine]
+        mixed = [s for s in steps if 0 < s.profiling_requests < s.batch_size]
+        assert mixed == [], f"steps mixing profiling and other requests: {mixed[:3]}"
+        assert svc.policy_view().state.spec.kind == "auto"  # the policy in force, applied again
+    assert stopped == 3
+
+
+def test_idle_time_fills_the_cells_traffic_has_not_reached(filling):
+    svc = filling
+    # every cell measured (or tried twice) in idle time, with no visitor's request at all
+    _wait(lambda: not svc.live_policy.fill_left() and svc.policy_view().filling is None, 240, "every cell measured")
+    view = svc.policy_view()
+    assert view.cost_source == "learned", view
+    assert "learned since from" in view.cost_note, view.cost_note
+    learned = re.search(r"learned since from [\d,]+ engine steps in (\d+) cells?", view.cost_note)
+    assert learned and int(learned[1]) >= len(CELLS) - 2, view.cost_note
+    assert view.state.spec.kind == "auto", view.state
+    assert svc.idle_fill.cells_started >= len(CELLS) - 2
+    mixed = [s for s in svc.steps_since(0.0) if 0 < s.profiling_requests < s.batch_size]
+    assert mixed == []
