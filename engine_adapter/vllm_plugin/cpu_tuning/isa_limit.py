@@ -5,9 +5,10 @@ Contract: with ``SPEC_EXPLORER_CPU_AS=AVX2`` (``engine_config.isa_limit``) the a
 ``engine_config.cpu_flags`` lose the AVX-512 and AMX flags (so the kind is "AVX2", the dtype
 float32, the cost model's cache and prior keys AVX2's, and ``platform.cpu_name`` says "running
 AVX2 code only"); the launcher sets ``engine_config.LIBRARY_LIMITS`` for the engine (torch's own
-kernels, oneDNN and MKL run their AVX2 code); and every engine process's ``sitecustomize`` calls
-``limit_torch_to_avx2()``, which makes the probes of torch that vLLM reads (``PROBES``) answer
-as on an AVX2 CPU: vLLM then loads its AVX2 kernel library (``vllm._C_AVX2``) and picks its AVX2
+kernels, oneDNN and MKL run their AVX2 code); and every engine process's ``sitecustomize``,
+seeing torch's kernels limited to AVX2 (``ATEN_CPU_CAPABILITY=avx2``), calls
+``limit_torch_to_avx2()``, which makes the probes of torch that vLLM reads (``PROBES``) answer as
+on an AVX2 CPU: vLLM then loads its AVX2 kernel library (``vllm._C_AVX2``) and picks its AVX2
 attention. Raises RuntimeError if torch lacks a probe (a torch this was not written for).
 What it cannot change: this machine's memory bandwidth, clock and caches. Its figures are this
 CPU running AVX2 code, never an AVX2 machine's; docs/benchmarks.md names them so.
