@@ -43,6 +43,7 @@ import asyncio
 import collections
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -242,6 +243,7 @@ class LivePolicy:
                 ctl.check(spec)
             self._pending = spec
             return None
+        await self.stop_filling()  # a cell in idle time runs its own K: it gives way
         state = await ctl.apply(spec, self.alphas())
         self.changes.append((state.t, spec.to_dict()))
         return state
@@ -255,6 +257,7 @@ class LivePolicy:
     async def measure(self, on_progress: Callable[[ProfileProgress], None] | None = None) -> None:
         """Profile again (the caller keeps visitors' requests out); the policy in force is restored."""
         self.check_can_measure()
+        await self.stop_filling()
         ctl = self.controller
         restore = ctl.state.spec if ctl.state else config_spec(self._config)
         await self._measure(on_progress)
@@ -407,47 +410,64 @@ class LivePolicy:
         return [cell for cell in learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
 
     async def _fill_cell(self, b: int, k: int) -> None:
+        """One cell (``start_filling``); whichever way it ends, its requests are gone from the engine
+        and the policy in force applied again before it returns. A cell someone's request stopped
+        is not counted as a try."""
         ctl, grid = self.controller, self._grid
         self._filling = f"{b} request{'s' * (b > 1)} x K={k}"
+        finished = False
         try:
-            with contextlib.suppress(Exception):  # a failed cell is tried again later (``FILL_TRIES``)
-                await profile_engine(
-                    ctl.client,
-                    self._prompts,
-                    ctl.k_max,
-                    self._config.method == "draft",
-                    grid=ProfileGrid((b,), (k,), grid.capture_sizes),
-                    expect=ctl.cost,
-                    **(self.profile_kwargs | {"steps_per_cell": MIN_LEARN_SAMPLES}),
-                )
+            await profile_engine(
+                ctl.client,
+                self._prompts,
+                ctl.k_max,
+                self._config.method == "draft",
+                grid=ProfileGrid((b,), (k,), grid.capture_sizes),
+                expect=ctl.cost,
+                **(self.profile_kwargs | {"steps_per_cell": MIN_LEARN_SAMPLES}),
+            )
+            finished = True
+        except asyncio.CancelledError:
+            self._fill_tries[(b, k)] -= 1
+            raise
+        except Exception as e:  # tried again later, up to ``FILL_TRIES``
+            print(f"spec-explorer: measuring {self._filling} in idle time failed: {e!r}", file=sys.stderr, flush=True)
         finally:
             self._filling = None
-            with contextlib.suppress(Exception):  # profiling switched K: the policy in force again
+            await self._until_profiling_gone()
+            try:  # profiling switched K itself: the policy in force again
                 state = await ctl.apply(ctl.state.spec, self.alphas())
                 self.changes.append((state.t, state.spec.to_dict()))
-        if self._learner is not None:
+            except Exception as e:  # the engine may run the cell's K: said on the page
+                self._error = f"after measuring in idle time the policy could not be applied again: {e}"
+        if finished and self._learner is not None:
             await self._learn()
 
+    async def _until_profiling_gone(self) -> None:
+        """Until the engine runs none of the profiler's requests: its last step had none, or no step
+        came for twice its last step's time (the engine idle); after ``GONE_SETTLE_S``, at most
+        ``GONE_TIMEOUT_S`` (said on stderr)."""
+        since = time.monotonic()
+        await asyncio.sleep(GONE_SETTLE_S)
+        while time.monotonic() - since < GONE_TIMEOUT_S:
+            steps = self._steps_since(since - GONE_TIMEOUT_S)
+            last = steps[-1] if steps else None
+            idle = last is not None and time.monotonic() - last.t > 2 * last.wall_s + GONE_SETTLE_S
+            if last is None or not last.profiling_requests or idle:
+                return
+            await asyncio.sleep(0.02)
+        print(f"spec-explorer: profiling requests still ran {GONE_TIMEOUT_S:.0f} s after their end", file=sys.stderr)
+
     async def stop_filling(self) -> None:
-        """Cancel the cell measured in idle time, if one runs, and return once the engine runs
-        none of its requests: its last step had none, or no step came for twice its last step's
-        time (the engine idle), after ``GONE_SETTLE_S`` and at most ``GONE_TIMEOUT_S``."""
+        """Stop the cell measured in idle time, if one runs, and return once it has ended
+        (``_fill_cell``: its requests gone, the policy in force again). Safe to call from several
+        tasks at once: the cell is cancelled once, and a caller's own cancellation is not passed on."""
         task = self._fill_task
         if task is None or task.done():
             return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        cancelled = time.monotonic()
-        await asyncio.sleep(GONE_SETTLE_S)
-        while time.monotonic() - cancelled < GONE_TIMEOUT_S:
-            steps = self._steps_since(cancelled - GONE_TIMEOUT_S)
-            last = steps[-1] if steps else None
-            if last is None or not last.profiling_requests:
-                return
-            if time.monotonic() - last.t > 2 * last.wall_s + GONE_SETTLE_S:
-                return
-            await asyncio.sleep(0.02)
+        if not task.cancelling():
+            task.cancel()
+        await asyncio.wait([task])
 
     async def _apply_after_profile(self, spec: PolicySpec, fallback: PolicySpec) -> None:
         self._pending = None
@@ -466,7 +486,7 @@ class LivePolicy:
             self.remember_window()
             if self._learner is not None and time.monotonic() - self._learned_t >= LEARN_S:
                 await self._learn()
-            if ctl.state.spec.kind != "auto":
+            if ctl.state.spec.kind != "auto" or self._filling is not None:
                 continue
             with contextlib.suppress(Exception):  # a failed send is retried next round
                 if await ctl.rederive(self.alphas()):

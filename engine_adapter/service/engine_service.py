@@ -502,10 +502,10 @@ class EngineService:
 
     async def _ready_engine(self) -> LiveEngine:
         """The engine for someone's request (on the service loop): ready, and no idle-time cell in it."""
-        engine = self._engine
+        await self.idle_fill.claim()
+        engine = self._engine  # after the claim: a restart may have come meanwhile
         if engine is None or self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
-        await self.idle_fill.claim()
         return engine
 
     def _in_use(self) -> bool:
@@ -563,6 +563,8 @@ class EngineService:
         while True:
             await asyncio.sleep(JANITOR_S)
             with contextlib.suppress(Exception):  # a bad round must not end the load's upkeep
+                if self.background.granted_total() > 0:  # the round may start requests: no cell beside them
+                    await self.idle_fill.claim()
                 await self.background.janitor_round(self._serving_client())
 
     def background_stats(self) -> LoadStats | None:

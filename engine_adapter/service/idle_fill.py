@@ -1,12 +1,13 @@
 """Measuring the cost model in idle time: the cells traffic has not reached, never beside anyone's request.
 
 Contract: ``IdleFill(policy, in_use, quiet_s=QUIET_S, period_s=PERIOD_S)``. ``await run()`` (a task
-of the engine service's loop) asks ``policy.start_filling()`` for one more cell every
-``period_s`` seconds while ``in_use()`` says nobody uses the engine (no visitor's request, no
-load, no measurement, no restart) and nobody has claimed it for ``quiet_s`` seconds. ``await
-claim()`` comes before any request of anyone's goes in (a visitor's, the load's, the twin's, a
-measurement's): it stops the cell measured meanwhile and returns once the engine runs none of
-its requests (``LivePolicy.stop_filling``), so a profiling step never holds anyone else's request.
+of the engine service's loop) looks every ``period_s`` seconds and asks ``policy.start_filling()``
+for one more cell once, for ``quiet_s`` seconds, neither ``in_use()`` (a visitor's request, load,
+a measurement, a restart) nor a claim has been seen. ``await claim()`` comes before any request
+of anyone's goes in (a visitor's, the load's, the twin's, a measurement's): it stops the cell
+measured meanwhile and returns once the engine runs none of its requests
+(``LivePolicy.stop_filling``), so a profiling step never holds anyone else's request; no cell
+starts while a claim is under way.
 ``cells_started`` counts the cells begun.
 """
 
@@ -34,17 +35,25 @@ class IdleFill:
     ) -> None:
         self._policy, self._in_use = policy, in_use
         self.quiet_s, self.period_s = quiet_s, period_s
-        self._claimed_t = time.monotonic()
+        self._used_t = time.monotonic()  # the last claim, or the last look that found the engine in use
+        self._claims = 0  # claims under way: no cell starts meanwhile
         self.cells_started = 0
 
     async def claim(self) -> None:
         """The engine is wanted: no new cell for ``quiet_s``, and the one running stopped and gone."""
-        self._claimed_t = time.monotonic()
-        await self._policy.stop_filling()
-        self._claimed_t = time.monotonic()
+        self._claims += 1
+        try:
+            await self._policy.stop_filling()
+        finally:
+            self._claims -= 1
+            self._used_t = time.monotonic()
 
     def quiet(self) -> bool:
-        return time.monotonic() - self._claimed_t >= self.quiet_s and not self._in_use()
+        """Nobody used or claimed the engine for ``quiet_s`` (as of the looks so far), and nobody does."""
+        if self._claims or self._in_use():
+            self._used_t = time.monotonic()
+            return False
+        return time.monotonic() - self._used_t >= self.quiet_s
 
     async def run(self) -> None:
         while True:

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from engine_adapter.engine.platform import cpu_platform
+from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.cost_prior import PRIORS_ENV, write_prior
 from engine_adapter.policy.profile_grid import DEFAULT_BATCH_SIZES, default_ks, profile_cells
@@ -69,11 +70,9 @@ def filling(tiny, tmp_path_factory):
 
 def test_a_visitors_request_stops_the_idle_measurement_and_never_shares_a_step_with_it(filling):
     svc = filling
-    stopped = 0
     for prompt in ("def fibonacci(n):", "Once upon a time", "def add(a, b):"):
         _wait(lambda: svc.policy_view().filling is not None, 60, "a cell measured in idle time")
         result = asyncio.run(_run(svc, prompt, 24))
-        stopped += 1
         steps = svc.steps_since(0.0)
         mine = [s for s in steps if any(r.request_id == result.request_id for r in s.requests)]
         assert mine, "the visitor's request ran in no step the tap saw"
@@ -81,7 +80,23 @@ def test_a_visitors_request_stops_the_idle_measurement_and_never_shares_a_step_w
         mixed = [s for s in steps if 0 < s.profiling_requests < s.batch_size]
         assert mixed == [], f"steps mixing profiling and other requests: {mixed[:3]}"
         assert svc.policy_view().state.spec.kind == "auto"  # the policy in force, applied again
-    assert stopped == 3
+
+
+def test_a_policy_chosen_while_a_cell_runs_stops_it_and_is_in_force(filling):
+    svc = filling
+    _wait(lambda: svc.policy_view().filling is not None, 60, "a cell measured in idle time")
+    t0 = time.monotonic()
+    state = asyncio.run(svc.set_policy(PolicySpec("fixed", 1)))
+    assert state is not None and state.spec == PolicySpec("fixed", 1)
+    assert svc.policy_view().filling is None  # stopped before the policy was sent
+    _wait(lambda: svc.policy_view().filling is not None, 60, "the next cell")
+    _wait(lambda: svc.policy_view().filling is None, 60, "the next cell's end")
+    time.sleep(0.5)
+    assert svc.policy_view().state.spec == PolicySpec("fixed", 1)  # applied again after the cell
+    asyncio.run(_run(svc, "def add(a, b):", 16))
+    later = [s for s in svc.steps_since(t0) if s.profiling_requests == 0 and s.batch_size == 1 and s.num_drafted]
+    assert later and all(s.k == 1 for s in later[-3:]), [(s.k, s.num_drafted) for s in later[-5:]]
+    assert asyncio.run(svc.set_policy(PolicySpec("auto"))).spec.kind == "auto"
 
 
 def test_idle_time_fills_the_cells_traffic_has_not_reached(filling):
