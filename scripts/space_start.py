@@ -32,8 +32,9 @@ count once per process). The JSON says which was used.
 
 Output: progress on stderr; a table of phases; the last line is JSON: ``ok``, ``failed`` (the
 step and why), ``phases_s``, ``at_s`` (since launch), ``peak_gib`` / ``peak_rss_gib`` (the app),
-``install_peak_gib``, ``memory_measured_by``, ``oom_kills``, ``cpu`` (``avx512_bf16``, ``avx2``
-or ``other``, from /proc/cpuinfo's flags), ``tokens``, ``stopped_cleanly``, ``logs``.
+``install_peak_gib``, ``memory_measured_by``, ``oom_kills``, the machine as every benchmark names it
+(``cpu``, ``cores``, ``cpu_kind``, ``dtype``: ``engine.platform.machine_facts``), ``tokens``,
+``stopped_cleanly``, ``logs``.
 Exit status 1 when a step failed. Everything is bounded by ``--timeout-s`` in all.
 """
 
@@ -57,6 +58,7 @@ from gradio_client import Client
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, as a script
 
 from engine_adapter.engine.launcher import free_port  # noqa: E402
+from engine_adapter.engine.platform import machine_facts  # noqa: E402
 from engine_adapter.package_data import PROJECT_ROOT  # noqa: E402
 from tests.support.app_process import engine_ready  # noqa: E402
 from tests.support.memory_limit import GIB, Memory, memory_guard  # noqa: E402
@@ -70,15 +72,6 @@ PRINT_EVERY_S = 15.0  # progress on stderr: each new kind of status, else at mos
 
 class StepFailed(RuntimeError):
     pass
-
-
-def cpu_kind() -> tuple[str, str]:
-    """("avx512_bf16" | "avx2" | "other", the CPU's model name) from /proc/cpuinfo."""
-    text = Path("/proc/cpuinfo").read_text()
-    flags = set(re.search(r"^flags\s*:(.*)$", text, re.M).group(1).split())
-    model = re.search(r"^model name\s*:\s*(.*)$", text, re.M)
-    kind = "avx512_bf16" if "avx512_bf16" in flags else "avx2" if "avx2" in flags else "other"
-    return kind, model.group(1).strip() if model else "?"
 
 
 def clean_env(venv: Path) -> dict[str, str]:
@@ -281,9 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="space-start-"))
-    kind, model = cpu_kind()
     mem = memory_guard(int(args.memory_gib * GIB))
-    report: dict = {"ok": False, "failed": None, "phases_s": {}, "at_s": {}, "cpu": kind, "cpu_model": model}
+    report: dict = {"ok": False, "failed": None, "phases_s": {}, "at_s": {}} | machine_facts()
     report |= {"memory_limit_gib": args.memory_gib, "memory_measured_by": mem.how, "logs": str(work)}
     try:
         run(args, work, mem, report)
