@@ -22,6 +22,12 @@ model learns from their steps), sets the load back to 0, waits until no backgrou
 and runs the same request again: the JSON adds its wall time and kinds, the cost model's line
 from the K-policy panel at the first request and after learning, and ``first_over_learned``
 (the first request's speed over the second's: issue 33 asks at least 0.85).
+
+``--idle-s S`` then leaves the engine idle for S seconds (only the page's tick polls), where a
+shipped cost model measures the cells traffic has not reached, waits (up to 60 s) until a cell
+is being measured and runs the same request again: the JSON adds the cost model's line after
+the idle time, whether a cell was being measured when the request came, the request's wall time
+and ``claim_wait_s`` (its wall time minus the first request's: what stopping the cell cost it).
 """
 
 from __future__ import annotations
@@ -127,6 +133,30 @@ def learned_request(client: Client, prompt: str, max_tokens: int, learn_s: float
     }
 
 
+IDLE_CELL = "while the engine is idle"  # the cost model's line while a cell is measured in idle time
+
+
+def request_during_idle_cell(client: Client, prompt: str, max_tokens: int, idle_s: float, first_s: float) -> dict:
+    """The same request again after ``idle_s`` idle seconds, sent while a cell is measured."""
+    end = time.monotonic() + idle_s
+    while time.monotonic() < end:
+        cost_model_line(client)  # the page's tick: the session stays, the engine idle
+        time.sleep(2.0)
+    line, deadline = cost_model_line(client), time.monotonic() + 60
+    while IDLE_CELL not in line and time.monotonic() < deadline:
+        time.sleep(0.5)
+        line = cost_model_line(client)
+    during = first_request(client, prompt, max_tokens)
+    return {
+        "idle_s": idle_s,
+        "cost_model_after_idle": line,
+        "cell_running_when_asked": IDLE_CELL in line,
+        "during_cell_request_s": during["first_request_s"],
+        "during_cell_kinds": during["kinds"],
+        "claim_wait_s": round(during["first_request_s"] - first_s, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
@@ -141,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline-s", type=float, default=900.0)
     p.add_argument("--learn-s", type=float, default=0.0, help="seconds of background load before the request again")
     p.add_argument("--learn-load", type=int, default=4, help="background requests while learning (4)")
+    p.add_argument("--idle-s", type=float, default=0.0, help="idle seconds, then the request during a cell")
     p.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "cold_start_app.log")
     args = p.parse_args(argv)
 
@@ -155,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.learn_s > 0:
             marks |= learned_request(client, args.prompt, args.max_tokens, args.learn_s, args.learn_load)
             marks["first_over_learned"] = round(marks["learned_request_s"] / marks["first_request_s"], 3)
+        if args.idle_s > 0:
+            first_s = marks["first_request_s"]
+            marks |= request_during_idle_cell(client, args.prompt, args.max_tokens, args.idle_s, first_s)
     finally:
         app.stop()
     if args.cold and args.keep_cache and (cache / "cost").is_dir():
