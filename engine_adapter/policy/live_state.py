@@ -140,6 +140,7 @@ class LivePolicy:
         self._profiling: str | None = None
         self._filling: str | None = None  # the cell measured in idle time (``start_filling``)
         self._fill_task: asyncio.Task | None = None
+        self._fill_measuring: asyncio.Task | None = None  # the cell's measurement, which stop_filling cancels
         self._fill_tries: collections.Counter[tuple[int, int]] = collections.Counter()
         self._measured: CostModel | None = None  # the cells measured so far, while profiling
         self._error: str | None = None
@@ -206,7 +207,7 @@ class LivePolicy:
         self._measured = None
         self._pending = None
         self._learner, self._prior_note = None, None
-        self._fill_task, self._filling = None, None
+        self._fill_task, self._fill_measuring, self._filling = None, None, None
         self._fill_tries.clear()
         self._why_not = "no engine"
 
@@ -410,14 +411,14 @@ class LivePolicy:
         return [cell for cell in learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
 
     async def _fill_cell(self, b: int, k: int) -> None:
-        """One cell (``start_filling``); whichever way it ends, its requests are gone from the engine
-        and the policy in force applied again before it returns. A cell someone's request stopped
-        is not counted as a try."""
+        """One cell (``start_filling``): its measurement runs as a task of its own, which
+        ``stop_filling`` cancels; whichever way that ends, this waits until the cell's requests are
+        gone from the engine and applies the policy in force again before it returns (that part is
+        not cancelled but by the engine going away). A cell someone stopped is not counted as a try."""
         ctl, grid = self.controller, self._grid
         self._filling = f"{b} request{'s' * (b > 1)} x K={k}"
-        finished = False
-        try:
-            await profile_engine(
+        measuring = asyncio.create_task(
+            profile_engine(
                 ctl.client,
                 self._prompts,
                 ctl.k_max,
@@ -426,20 +427,26 @@ class LivePolicy:
                 expect=ctl.cost,
                 **(self.profile_kwargs | {"steps_per_cell": MIN_LEARN_SAMPLES}),
             )
+        )
+        self._fill_measuring = measuring
+        finished = False
+        try:
+            await measuring
             finished = True
         except asyncio.CancelledError:
-            self._fill_tries[(b, k)] -= 1
-            raise
+            if asyncio.current_task().cancelling():  # the engine is going: no clean-up to wait for
+                measuring.cancel()
+                raise
+            self._fill_tries[(b, k)] -= 1  # stopped by someone's request
         except Exception as e:  # tried again later, up to ``FILL_TRIES``
             print(f"spec-explorer: measuring {self._filling} in idle time failed: {e!r}", file=sys.stderr, flush=True)
-        finally:
-            self._filling = None
-            await self._until_profiling_gone()
-            try:  # profiling switched K itself: the policy in force again
-                state = await ctl.apply(ctl.state.spec, self.alphas())
-                self.changes.append((state.t, state.spec.to_dict()))
-            except Exception as e:  # the engine may run the cell's K: said on the page
-                self._error = f"after measuring in idle time the policy could not be applied again: {e}"
+        await self._until_profiling_gone()
+        try:  # profiling switched K itself: the policy in force again
+            state = await ctl.apply(ctl.state.spec, self.alphas())
+            self.changes.append((state.t, state.spec.to_dict()))
+        except Exception as e:  # the engine may run the cell's K: said on the page
+            self._error = f"after measuring in idle time the policy could not be applied again: {e}"
+        self._filling = None
         if finished and self._learner is not None:
             await self._learn()
 
@@ -461,12 +468,12 @@ class LivePolicy:
     async def stop_filling(self) -> None:
         """Stop the cell measured in idle time, if one runs, and return once it has ended
         (``_fill_cell``: its requests gone, the policy in force again). Safe to call from several
-        tasks at once: the cell is cancelled once, and a caller's own cancellation is not passed on."""
-        task = self._fill_task
+        tasks at once; a caller's own cancellation is not passed on to the cell."""
+        task, measuring = self._fill_task, self._fill_measuring
         if task is None or task.done():
             return
-        if not task.cancelling():
-            task.cancel()
+        if measuring is not None and not measuring.done():
+            measuring.cancel()
         await asyncio.wait([task])
 
     async def _apply_after_profile(self, spec: PolicySpec, fallback: PolicySpec) -> None:
