@@ -18,6 +18,7 @@ from typing import Any
 
 from engine_adapter.engine.live_engine import LiveEngine
 from engine_adapter.engine.models import resolve_model
+from engine_adapter.engine.platform import machine_facts
 from engine_adapter.engine.resources import loaded_bytes, stored_dtype
 from engine_adapter.engine.roofline import (
     bytes_read_per_step,
@@ -118,14 +119,14 @@ def _progress(p) -> None:
 
 
 def machine_roofline(settings: BenchSettings) -> dict[str, Any]:
-    """Read bandwidth on each worker-core count the run uses, and the target's bytes per step."""
+    """The machine (``platform.machine_facts``: CPU, cores, kind, dtype), the read bandwidth on each
+    worker-core count the run uses, and the target's bytes per step."""
     cores = sorted({worker_cores(r) for r in settings.reserved_cpus} | {os.cpu_count() or 1})
     print(f"== measuring read bandwidth on {cores} core(s)", file=sys.stderr)
     target_dir = resolve_model(settings.target)
     dtype = resolve_dtype("auto")  # the engines' dtype (EngineConfig's default)
-    return {
+    return machine_facts(dtype) | {
         "cpus": os.cpu_count(),
-        "dtype": dtype,
         "bandwidth_gbs": {str(n): round(read_bandwidth_gbs(n), 2) for n in cores},
         "target_weight_bytes": loaded_bytes(weight_bytes(target_dir), stored_dtype(target_dir), dtype),
         "target_bytes_per_step": bytes_read_per_step(target_dir, dtype),
