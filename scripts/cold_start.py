@@ -27,7 +27,9 @@ from the K-policy panel at the first request and after learning, and ``first_ove
 shipped cost model measures the cells traffic has not reached, waits (up to 60 s) until a cell
 is being measured and runs the same request again: the JSON adds the cost model's line after
 the idle time, whether a cell was being measured when the request came, the request's wall time
-and ``claim_wait_s`` (its wall time minus the first request's: what stopping the cell cost it).
+and ``claim_wait_s``: the app's time before the request reached vLLM (the call's wall time less
+the request's own, from the trace), less the same for the first request: what stopping the cell
+cost it.
 """
 
 from __future__ import annotations
@@ -97,7 +99,10 @@ def first_request(client: Client, prompt: str, max_tokens: int) -> dict:
     kinds = Counter(line.get("kinds", []))
     if not kinds:
         raise SystemExit(f"the first request returned no trace: {str(out)[:500]}")
-    return {"first_request_s": round(time.monotonic() - t, 1), "kinds": dict(kinds)}
+    wall_s = time.monotonic() - t
+    # the app's time before the request reached vLLM: the call's wall time less the request's own
+    before_s = wall_s - float(line.get("wall_s") or 0.0)
+    return {"first_request_s": round(wall_s, 1), "kinds": dict(kinds), "first_before_vllm_s": round(before_s, 2)}
 
 
 def cost_model_line(client: Client) -> str:
@@ -136,7 +141,9 @@ def learned_request(client: Client, prompt: str, max_tokens: int, learn_s: float
 IDLE_CELL = "while the engine is idle"  # the cost model's line while a cell is measured in idle time
 
 
-def request_during_idle_cell(client: Client, prompt: str, max_tokens: int, idle_s: float, first_s: float) -> dict:
+def request_during_idle_cell(
+    client: Client, prompt: str, max_tokens: int, idle_s: float, first_before_s: float
+) -> dict:
     """The same request again after ``idle_s`` idle seconds, sent while a cell is measured."""
     end = time.monotonic() + idle_s
     while time.monotonic() < end:
@@ -153,7 +160,9 @@ def request_during_idle_cell(client: Client, prompt: str, max_tokens: int, idle_
         "cell_running_when_asked": IDLE_CELL in line,
         "during_cell_request_s": during["first_request_s"],
         "during_cell_kinds": during["kinds"],
-        "claim_wait_s": round(during["first_request_s"] - first_s, 1),
+        "during_cell_before_vllm_s": during["first_before_vllm_s"],
+        # what stopping the cell cost the request: its time before vLLM, less the first request's
+        "claim_wait_s": round(during["first_before_vllm_s"] - first_before_s, 2),
     }
 
 
@@ -187,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             marks |= learned_request(client, args.prompt, args.max_tokens, args.learn_s, args.learn_load)
             marks["first_over_learned"] = round(marks["learned_request_s"] / marks["first_request_s"], 3)
         if args.idle_s > 0:
-            first_s = marks["first_request_s"]
-            marks |= request_during_idle_cell(client, args.prompt, args.max_tokens, args.idle_s, first_s)
+            before_s = marks["first_before_vllm_s"]
+            marks |= request_during_idle_cell(client, args.prompt, args.max_tokens, args.idle_s, before_s)
     finally:
         app.stop()
     if args.cold and args.keep_cache and (cache / "cost").is_dir():
