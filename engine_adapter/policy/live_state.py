@@ -386,9 +386,11 @@ class LivePolicy:
         return note
 
     # --- measuring in idle time (the service decides when nobody else uses the engine) ---
-    def start_filling(self) -> bool:
+    def start_filling(self, still_quiet: Callable[[], bool] = lambda: True) -> bool:
         """Start measuring the first grid cell the learner has not reached (and not tried
-        ``FILL_TRIES`` times); False when there is none, or no learner, or a measurement runs."""
+        ``FILL_TRIES`` times); False when there is none, or no learner, or a measurement runs.
+        The cell begins only if ``still_quiet()`` when its task first runs (a claim from another
+        thread may have come in between)."""
         ctl, learner, grid = self.controller, self._learner, self._grid
         busy = self._profiling is not None or (self._fill_task is not None and not self._fill_task.done())
         if ctl is None or ctl.state is None or learner is None or grid is None or busy:
@@ -398,7 +400,7 @@ class LivePolicy:
             return False
         self._fill_tries[todo[0]] += 1
         self._tasks = [t for t in self._tasks if not t.done()]
-        self._fill_task = asyncio.create_task(self._fill_cell(*todo[0]))
+        self._fill_task = asyncio.create_task(self._fill_cell(*todo[0], still_quiet))
         self._tasks.append(self._fill_task)
         return True
 
@@ -410,12 +412,20 @@ class LivePolicy:
             return []
         return [cell for cell in learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
 
-    async def _fill_cell(self, b: int, k: int) -> None:
+    def filling_now(self) -> bool:
+        """Whether a cell's task exists and has not ended (a plain read, from any thread)."""
+        task = self._fill_task
+        return task is not None and not task.done()
+
+    async def _fill_cell(self, b: int, k: int, still_quiet: Callable[[], bool]) -> None:
         """One cell (``start_filling``): its measurement runs as a task of its own, which
         ``stop_filling`` cancels; whichever way that ends, this waits until the cell's requests are
         gone from the engine and applies the policy in force again before it returns (that part is
         not cancelled but by the engine going away). A cell someone stopped is not counted as a try."""
         ctl, grid = self.controller, self._grid
+        if not still_quiet():  # claimed since the cell was chosen: not begun, not a try
+            self._fill_tries[(b, k)] -= 1
+            return
         self._filling = f"{b} request{'s' * (b > 1)} x K={k}"
         measuring = asyncio.create_task(
             profile_engine(

@@ -481,7 +481,7 @@ class EngineService:
     ) -> AsyncIterator[Step | RequestResult]:
         """A visitor's request; items cross from the service loop to the caller's."""
         return self.foreground.stream(
-            lambda: self._call(self._ready_engine()),
+            self._engine_for_request,
             prompt,
             max_tokens=max_tokens,
             temperature=temperature,
@@ -495,10 +495,21 @@ class EngineService:
         result is not reported to ``on_result``."""
 
         async def twin() -> LiveEngine:
-            await self._call(self._ready_engine())
+            await self._engine_for_request()
             return await self._call(self._get_reference(may_start))
 
         return self.foreground.stream(twin, prompt, max_tokens=max_tokens, temperature=temperature, report=False)
+
+    async def _engine_for_request(self) -> LiveEngine:
+        """``_ready_engine`` for the caller's loop: the claim is noted at once (no cell begins), and
+        made on the service loop only where a cell runs."""
+        self.idle_fill.note_claim()
+        if self.live_policy.filling_now():
+            return await self._call(self._ready_engine())
+        engine = self._engine
+        if engine is None or self._status.state != "ready":
+            raise RuntimeError(f"the engine is not ready ({self._status.state})")
+        return engine
 
     async def _ready_engine(self) -> LiveEngine:
         """The engine for someone's request (on the service loop): ready, and no idle-time cell in it."""

@@ -24,7 +24,7 @@ PERIOD_S = 2.0  # seconds between two looks
 
 
 class FillsCells(Protocol):
-    def start_filling(self) -> bool: ...
+    def start_filling(self, still_quiet: Callable[[], bool]) -> bool: ...
 
     async def stop_filling(self) -> None: ...
 
@@ -38,6 +38,11 @@ class IdleFill:
         self._used_t = time.monotonic()  # the last claim, or the last look that found the engine in use
         self._claims = 0  # claims under way: no cell starts meanwhile
         self.cells_started = 0
+
+    def note_claim(self) -> None:
+        """From any thread: the engine is wanted now (no cell starts for ``quiet_s``; one chosen a
+        moment ago does not begin: ``quiet`` is asked again when it would)."""
+        self._used_t = time.monotonic()
 
     async def claim(self) -> None:
         """The engine is wanted: no new cell for ``quiet_s``, and the one running stopped and gone."""
@@ -59,7 +64,7 @@ class IdleFill:
         while True:
             await asyncio.sleep(self.period_s)
             try:
-                if self.quiet() and self._policy.start_filling():
+                if self.quiet() and self._policy.start_filling(self.quiet):
                     self.cells_started += 1
             except Exception as e:  # said on stderr; the next look tries again
                 print(f"spec-explorer: idle-time measuring skipped: {e!r}", file=sys.stderr, flush=True)

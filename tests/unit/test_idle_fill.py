@@ -17,7 +17,7 @@ class Policy:
         self.stopped = 0
         self.release = asyncio.Event()
 
-    def start_filling(self) -> bool:
+    def start_filling(self, still_quiet) -> bool:
         self.started += 1
         return True
 
