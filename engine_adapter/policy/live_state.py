@@ -391,11 +391,10 @@ class LivePolicy:
         ``FILL_TRIES`` times); False when there is none, or no learner, or a measurement runs.
         The cell begins only if ``still_quiet()`` when its task first runs (a claim from another
         thread may have come in between)."""
-        ctl, learner, grid = self.controller, self._learner, self._grid
-        busy = self._profiling is not None or (self._fill_task is not None and not self._fill_task.done())
-        if ctl is None or ctl.state is None or learner is None or grid is None or busy:
+        ctl = self.controller
+        if ctl is None or ctl.state is None or self._profiling is not None or self.filling_now():
             return False
-        todo = self.fill_left()
+        todo = self.fill_left()  # none without a learner
         if not todo:
             return False
         self._fill_tries[todo[0]] += 1

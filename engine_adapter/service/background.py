@@ -88,8 +88,7 @@ class SharedBackground:
 
     async def apply(self, client: EngineClient | None) -> int:
         """Run the sessions' granted total on ``client``'s engine (None: not serving; asks wait)."""
-        with self._lock:
-            total = sum(self._grants().values())
+        total = self.granted_total()
         if client is None or not self.prompts:
             return total
         if self.load is None or self._client is not client:

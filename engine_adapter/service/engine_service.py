@@ -506,15 +506,15 @@ class EngineService:
         self.idle_fill.note_claim()
         if self.live_policy.filling_now():
             return await self._call(self._ready_engine())
-        engine = self._engine
-        if engine is None or self._status.state != "ready":
-            raise RuntimeError(f"the engine is not ready ({self._status.state})")
-        return engine
+        return self._engine_if_ready()
 
     async def _ready_engine(self) -> LiveEngine:
         """The engine for someone's request (on the service loop): ready, and no idle-time cell in it."""
         await self.idle_fill.claim()
-        engine = self._engine  # after the claim: a restart may have come meanwhile
+        return self._engine_if_ready()  # after the claim: a restart may have come meanwhile
+
+    def _engine_if_ready(self) -> LiveEngine:
+        engine = self._engine
         if engine is None or self._status.state != "ready":
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
         return engine
@@ -541,9 +541,13 @@ class EngineService:
 
     async def _apply_bg(self) -> int:
         """Run the sessions' granted total as real requests (marked on the charts)."""
+        await self._claim_for_load()
+        return await self.background.apply(self._serving_client())
+
+    async def _claim_for_load(self) -> None:
+        """Before the load may start requests: no idle-time cell beside them."""
         if self.background.granted_total() > 0 and self._serving_client() is not None:
             await self.idle_fill.claim()
-        return await self.background.apply(self._serving_client())
 
     async def _set_bg(self, n: int, visitor: Visitor) -> int:
         self.background.ask(visitor, n)
@@ -574,8 +578,7 @@ class EngineService:
         while True:
             await asyncio.sleep(JANITOR_S)
             with contextlib.suppress(Exception):  # a bad round must not end the load's upkeep
-                if self.background.granted_total() > 0:  # the round may start requests: no cell beside them
-                    await self.idle_fill.claim()
+                await self._claim_for_load()  # the round may start requests
                 await self.background.janitor_round(self._serving_client())
 
     def background_stats(self) -> LoadStats | None:
