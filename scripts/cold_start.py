@@ -15,11 +15,11 @@ greedy) runs through ``/run`` and its token kinds are counted. The app is stoppe
 at the end (Ctrl-C, then SIGKILL of its session). Prints a table, then JSON as the last line:
 the machine (CPU, cores, CPU kind, the engine's dtype: ``platform.machine_facts``), seconds from
 launch to the page answering, to "Measuring this machine", to ready, the first request's wall
-time and its kinds.
+time, its kinds and its steps in short (``step_summary``: how many, at which K, their median time).
 
 ``--learn-s S`` then keeps ``--learn-load`` background requests running for S seconds (the cost
 model learns from their steps), sets the load back to 0, waits until no background request runs,
-and runs the same request again: the JSON adds its wall time and kinds, the cost model's line
+and runs the same request again: the JSON adds its wall time, kinds and steps, the cost model's line
 from the K-policy panel at the first request and after learning, and ``first_over_learned``
 (the first request's speed over the second's: issue 33 asks at least 0.85).
 
@@ -43,6 +43,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from statistics import median
 
 import httpx
 from gradio_client import Client
@@ -55,6 +56,7 @@ from tests.support.app_process import engine_ready, start_app  # noqa: E402
 
 FIRST_PROMPT = "Write a Python function that returns the n-th Fibonacci number, with a docstring."
 MEASURING = "Measuring this machine"
+LAUNCH_MARKS = ("page_s", "measuring_s", "ready_s")  # seconds from launch, watched by ``watch_launch``
 
 
 def fresh_cache(models_from: Path) -> Path:
@@ -69,7 +71,7 @@ def fresh_cache(models_from: Path) -> Path:
 def watch_launch(app, deadline_s: float) -> dict[str, float | None]:
     """Seconds from launch to: the page answering, the first 'measuring' status, ready."""
     t0 = time.monotonic()
-    marks: dict[str, float | None] = {"page_s": None, "measuring_s": None, "ready_s": None}
+    marks: dict[str, float | None] = dict.fromkeys(LAUNCH_MARKS)
     client = None
     while time.monotonic() - t0 < deadline_s:
         if app.proc.poll() is not None:
@@ -102,7 +104,25 @@ def first_request(client: Client, prompt: str, max_tokens: int) -> dict:
     wall_s = time.monotonic() - t
     # the app's time before the request reached vLLM: the call's wall time less the request's own
     before_s = wall_s - float(line.get("wall_s") or 0.0)
-    return {"first_request_s": round(wall_s, 1), "kinds": dict(kinds), "first_before_vllm_s": round(before_s, 2)}
+    return {
+        "first_request_s": round(wall_s, 1),
+        "kinds": dict(kinds),
+        "first_before_vllm_s": round(before_s, 2),
+        "steps": step_summary(line.get("steps", [])),
+    }
+
+
+def step_summary(steps: list[dict]) -> dict:
+    """A request's steps in short: how many, at which K (steps per K), their median wall time in
+    seconds and the largest batch any of them ran in."""
+    if not steps:
+        return {}
+    return {
+        "n": len(steps),
+        "k": dict(sorted(Counter(int(s.get("k") or 0) for s in steps).items())),
+        "median_step_s": round(median(float(s.get("wall_s") or 0.0) for s in steps), 3),
+        "max_batch_size": max(int(s.get("batch_size") or 0) for s in steps),
+    }
 
 
 def cost_model_line(client: Client) -> str:
@@ -135,6 +155,7 @@ def learned_request(client: Client, prompt: str, max_tokens: int, learn_s: float
         "cost_model_learned": learned_line,
         "learned_request_s": again["first_request_s"],
         "learned_kinds": again["kinds"],
+        "learned_steps": again["steps"],
     }
 
 
@@ -160,6 +181,7 @@ def request_during_idle_cell(
         "cell_running_when_asked": IDLE_CELL in line,
         "during_cell_request_s": during["first_request_s"],
         "during_cell_kinds": during["kinds"],
+        "during_cell_steps": during["steps"],
         "during_cell_before_vllm_s": during["first_before_vllm_s"],
         # what stopping the cell cost the request: its time before vLLM, less the first request's
         "claim_wait_s": round(during["first_before_vllm_s"] - first_before_s, 2),
@@ -205,8 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cold:
         shutil.rmtree(cache, ignore_errors=True)
     facts = machine_facts(dtype_in(shlex.split(args.app_args)))
+    # the launch's seconds to a tenth; every other figure was rounded where it was measured
     row = {"start": "cold" if args.cold else "warm", "app_args": args.app_args, **facts} | {
-        k: (round(v, 1) if isinstance(v, float) else v) for k, v in marks.items()
+        k: (round(v, 1) if isinstance(v, float) and k in LAUNCH_MARKS else v) for k, v in marks.items()
     }
     for key, value in row.items():
         print(f"{key:>18}: {value}")
