@@ -15,7 +15,8 @@ greedy) runs through ``/run`` and its token kinds are counted. The app is stoppe
 at the end (Ctrl-C, then SIGKILL of its session). Prints a table, then JSON as the last line:
 the machine (CPU, cores, CPU kind, the engine's dtype: ``platform.machine_facts``), seconds from
 launch to the page answering, to "Measuring this machine", to ready, the first request's wall
-time, its kinds and its steps in short (``step_summary``: how many, at which K, their median time).
+time, its kinds and its steps in short (``step_summary``: how many, at which K, their median time, the largest
+batch).
 
 ``--learn-s S`` then keeps ``--learn-load`` background requests running for S seconds (the cost
 model learns from their steps), sets the load back to 0, waits until no background request runs,
@@ -113,14 +114,15 @@ def first_request(client: Client, prompt: str, max_tokens: int) -> dict:
 
 
 def step_summary(steps: list[dict]) -> dict:
-    """A request's steps in short: how many, at which K (steps per K), their median wall time in
-    seconds and the largest batch any of them ran in."""
+    """A request's steps in short: how many, at which K (steps per K), the median wall time in
+    seconds of those that give one, and the largest batch any of them ran in; {} for no steps."""
     if not steps:
         return {}
+    walls = [float(s["wall_s"]) for s in steps if s.get("wall_s")]
     return {
         "n": len(steps),
         "k": dict(sorted(Counter(int(s.get("k") or 0) for s in steps).items())),
-        "median_step_s": round(median(float(s.get("wall_s") or 0.0) for s in steps), 3),
+        "median_step_s": round(median(walls), 3) if walls else None,
         "max_batch_size": max(int(s.get("batch_size") or 0) for s in steps),
     }
 

@@ -30,10 +30,12 @@ from engine_adapter.policy.profile_grid import ProfileGrid  # noqa: E402
 from engine_adapter.policy.profiler import profile_engine  # noqa: E402
 from engine_adapter.prompts import load_presets  # noqa: E402
 
+MAX_NUM_SEQS = 16  # the engine's batch, at most: the largest --batch-size
+
 
 async def measure(batch_size: int, k_max: int, repeats: int) -> list[dict]:
     """Every pass's cells and fit, on one engine started for it."""
-    cfg = EngineConfig(method="draft", k=min(3, k_max), k_max=k_max, max_model_len=2048, max_num_seqs=16)
+    cfg = EngineConfig(method="draft", k=min(3, k_max), k_max=k_max, max_model_len=4096, max_num_seqs=MAX_NUM_SEQS)
     engine = await LiveEngine.launch(cfg)
     passes = []
     try:
@@ -53,8 +55,8 @@ async def measure(batch_size: int, k_max: int, repeats: int) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--k-max", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=1, choices=range(1, MAX_NUM_SEQS + 1), metavar="1..16")
+    p.add_argument("--k-max", type=int, default=5, choices=range(1, 9), metavar="1..8")
     p.add_argument("--repeats", type=int, default=1, help="passes over the Ks in the same engine")
     args = p.parse_args(argv)
     passes = asyncio.run(measure(args.batch_size, args.k_max, args.repeats))

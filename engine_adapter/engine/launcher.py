@@ -229,6 +229,17 @@ class EngineProcess:
         except (OSError, ValueError):
             return self._proc.poll()
 
+    def death_note(self, lines: int = 15) -> str | None:
+        """None while the engine runs (or never started); once it died, its exit status (as
+        ``returncode``) and the last ``lines`` lines of its log, for a message that says why."""
+        if self._proc is None or self._proc.poll() is None:
+            return None
+        try:
+            tail = "\n".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError as e:
+            tail = f"(its log could not be read: {e})"
+        return f"exit status {self.returncode}; the last lines of its log ({self.log_path}):\n{tail}"
+
     def kill(self) -> None:
         """SIGKILL the whole group now (a hung or stopped engine ignores SIGTERM); stop() still cleans up."""
         if self._proc is None:

@@ -24,9 +24,8 @@ Contract:
 - ``fits_together(configs)``: None when the engines' host memory (``estimate``), plus
   ``FIT_MARGIN`` of it, fits in what is available now, else a sentence with the sums (a tool that
   would run two engines at once runs them one after the other instead). The margin: a running
-  engine takes more than its estimate (a float32 engine of the packaged target: 10.6 GiB at ready
-  against 10.1 estimated, its KV cache not yet all written), and the second engine's own check
-  counts what the first has taken.
+  engine can take more than its estimate (docs/benchmarks.md has a float32 engine's figure), and
+  the second engine's own check counts what the first has taken.
 
 Overrides (tests, unusual machines): ``SPEC_EXPLORER_MEM_AVAILABLE_GIB`` and
 ``SPEC_EXPLORER_DISK_FREE_GIB`` replace what the machine reports;
@@ -260,8 +259,9 @@ def check_resources(
 
 
 def fits_together(configs: list[EngineConfig], available: int | None = None) -> str | None:
-    """None when every engine in ``configs`` fits in host memory at once (or the check is skipped or
-    the machine does not say), else why not, in a sentence."""
+    """None when every engine in ``configs`` fits in host memory at once with ``FIT_MARGIN`` of their
+    summed estimate to spare (or the check is skipped or the machine does not say), else why not,
+    in a sentence."""
     if os.environ.get(SKIP_ENV, "").strip() in {"1", "true", "yes"}:
         return None
     have = available if available is not None else mem_available()
@@ -271,8 +271,8 @@ def fits_together(configs: list[EngineConfig], available: int | None = None) -> 
         return None
     each = " + ".join(f"{c.method} {gib(n)}" for c, n in zip(configs, needs))
     return (
-        f"the engines need about {gib(sum(needs))} at once ({each}; {gib(margin)} more for what the "
-        f"estimate leaves out), {gib(have)} is available"
+        f"the engines need about {gib(sum(needs) + margin)} at once ({each}, and {gib(margin)} for what "
+        f"the estimate leaves out), {gib(have)} is available"
     )
 
 

@@ -274,8 +274,11 @@ async def _run_phase(
                 measured[(c, cat)] = await _measure_level(settings, phase, engines, live, c, cat, prompts, steps_out)
     finally:
         for name, e in engines.items():
+            label = "speculation-off" if name == "off" else settings.method
+            if e.process is not None and (note := e.process.death_note()):
+                _say(f"== the {label} engine died: {note}")
             await e.close()
-            _say(f"== closed the {'speculation-off' if name == 'off' else settings.method} engine")
+            _say(f"== closed the {label} engine")
     return measured
 
 

@@ -141,6 +141,15 @@ async def test_attach_mode_against_a_separately_started_server(tiny, engines):
                 check_invariants(a)
         finally:
             await attached.close()
+        # the same server, killed: what a tool says of an engine that died under it (the sweep's stderr)
+        assert server.death_note() is None
+        server.kill()
+        deadline = time.monotonic() + 30
+        while server.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        note = server.death_note()
+        assert note is not None and note.startswith("exit status ") and str(server.log_path) in note
+        assert "vllm" in note.lower(), note  # the log's last lines: vLLM's own output
     finally:
         server.stop()
 

@@ -72,11 +72,10 @@ def test_two_engines_fit_together_only_in_their_summed_memory_and_its_margin(tin
     why = fits_together(configs, available=available)
     assert (why is None) == fits
     if not fits:
-        assert (
-            f"{need / (1 << 30):.1f} GiB at once (off " in why
-            and f"{available / (1 << 30):.1f} GiB is available" in why
-        )
-        assert f"{FIT_MARGIN * need / (1 << 30):.1f} GiB more for what the estimate leaves out" in why
+        margin = int(FIT_MARGIN * need)
+        assert f"{(need + margin) / (1 << 30):.1f} GiB at once (off " in why
+        assert f"{available / (1 << 30):.1f} GiB is available" in why
+        assert f"and {margin / (1 << 30):.1f} GiB for what the estimate leaves out" in why
 
 
 def test_fitting_together_follows_the_overrides(tiny, monkeypatch):

@@ -53,7 +53,7 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     ]
     env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0].keys()) == COLUMNS + EXTRA_COLUMNS
     assert [(r["policy"], r["concurrency"]) for r in rows] == [
@@ -89,7 +89,7 @@ def test_acceptance_rules_add_the_lossy_columns(tiny, tmp_path):
     cmd += ["--max-tokens", "24", "--min-requests", "3", "--window-s", "0", "--out", str(out)]
     cmd += ["--target", str(tiny.target), "--draft", str(tiny.perturbed), "--kv-cache-gib", "1"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     rows = list(csv.DictReader(out.open()))
     assert list(rows[0].keys()) == COLUMNS + EXTRA_COLUMNS + LOSSY_COLUMNS
     by = {(r["policy"], r["acceptance"]): r for r in rows}
@@ -114,7 +114,7 @@ def one_wave_sweep(tiny, tmp_path, policies: str, *more: str, env: dict[str, str
     cmd += ["--out", str(out), "--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1", *more]
     env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")} | (env or {})
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     return done, out
 
 
@@ -133,7 +133,7 @@ def test_engines_that_do_not_fit_together_run_one_after_the_other_by_category(ti
     cmd += ["--target", str(tiny.target), "--draft", str(tiny.same), "--kv-cache-gib", "1"]
     env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache"), MEM_ENV: "4"}
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-6000:]
     err = done.stderr
     assert "GiB at once" in err and "4.0 GiB is available" in err and "one after the other" in err
     assert err.index("closed the speculation-off engine") < err.index("starting the draft engine")
