@@ -16,7 +16,14 @@ vLLM's own drafter runs it at any K, so there it is part of ``verify_s`` and
 ``first_s`` fits to ~0), and one sequential pass per further position. ``step_s`` answers
 with the fitted curve everywhere, measured cells included: a cell's median carries its own
 noise (5-10 % per step on a CPU), and a policy that read cells where they exist and the
-curve between them zig-zagged in K from one batch size to the next. The knee is chosen
+curve between them zig-zagged in K from one batch size to the next. What the straight lines
+cannot hold (a K whose steps cost more than the per-pass line says, as a draft pass's cost
+moves on a CPU) its cells say through ``k_factor``: the fitted curve at each K is scaled by
+that K's cells' measured/fitted ratio (steps-weighted, over all batch sizes alike, so the
+curve keeps its shape in the batch size), shrunk toward 1 as if ``K_SHRINK_STEPS`` steps had
+read the fit: a profile's 4-step cells move it a third of the way, hundreds of learned steps
+all of it. A K with no cells takes the factor interpolated between its measured neighbours
+(above the highest, the highest's), and step time never falls as K rises. The knee is chosen
 by least squares over the measured token counts, so a CPU (knee near a handful
 of tokens) and a GPU (hundreds) go through the same code.
 
@@ -35,10 +42,13 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from statistics import median
 from typing import Any
 
 import numpy as np
+
+K_SHRINK_STEPS = 8  # a K's cells move its curve as if this many more steps had read the fit there
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +97,30 @@ class CostModel:
         return self.verify_s(batch_size * (k + 1)) + self.draft_cost_s(batch_size, k)
 
     def step_s(self, batch_size: int, k: int) -> float:
-        """Seconds per step with ``batch_size`` requests drafting K each, by the fitted curve
-        (the module docstring says why not the measured cell)."""
-        return self.fit_step_s(batch_size, k)
+        """Seconds per step with ``batch_size`` requests drafting K each: the fitted curve scaled by
+        ``k_factor`` (the module docstring says why not the measured cell), never below a smaller K's."""
+        return max(self.fit_step_s(batch_size, j) * self.k_factor(j) for j in range(k + 1))
+
+    def k_factor(self, k: int) -> float:
+        """How much K's steps cost over the fitted curve, by the cells (1: none measured)."""
+        known = self._k_factors
+        if not known:
+            return 1.0
+        ks = sorted(known)
+        return float(np.interp(k, ks, [known[j] for j in ks]))  # held flat past the ends
+
+    @cached_property
+    def _k_factors(self) -> dict[int, float]:
+        """Per measured K: sum(samples x measured) / sum(samples x fitted), shrunk by ``K_SHRINK_STEPS``."""
+        sums: dict[int, list[float]] = {}
+        for p in self.points:
+            fitted = self.fit_step_s(p.batch_size, p.k)
+            if fitted > 0 and p.step_s > 0 and p.samples > 0:
+                acc = sums.setdefault(p.k, [0.0, 0.0, 0.0])
+                acc[0] += p.samples * p.step_s
+                acc[1] += p.samples * fitted
+                acc[2] += p.samples
+        return {k: 1.0 + (m / f - 1.0) * n / (n + K_SHRINK_STEPS) for k, (m, f, n) in sums.items()}
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -7,7 +7,8 @@ and the tests call the same code):
   tokens one request emits per step when its draft position j survives with
   probability alpha_j (given every earlier one did);
 - ``derive_auto_table(cost, alphas, k_max, max_batch)``: for every batch size
-  the K maximising E(K) / step_s(b, K) (emitted tokens per second), written as
+  the K maximising E(K) / step_s(b, K) (emitted tokens per second; each draft
+  position weighed down by ``DRAFT_RISK``, ``risk_weighed``), written as
   vLLM's ``num_speculative_tokens_per_batch_size`` rows, with the curves it
   maximised; where those per-batch-size optima would rise with the batch size,
   the non-increasing K sequence that loses the least (``non_increasing_ks``):
@@ -56,7 +57,7 @@ class AutoTable:
     # tokens/s per request for K = 0..k_max at each batch size: [max_batch][k_max + 1]
     rate: list[list[float]]
     alphas: list[float]
-    # [max_batch]: K maximising each batch size's own rate (ties: the smaller), before the
+    # [max_batch]: K maximising each batch size's own rate, risk-weighed (ties: the smaller), before the
     # never-rising constraint; differs from k_by_batch only where those optima rise
     optimum_by_batch: list[int] = field(default_factory=list)
 
@@ -69,10 +70,24 @@ class AutoTable:
         return AutoTable(rows_from_ks(ks), ks, self.rate[:n], self.alphas, self.optimum_by_batch[:n])
 
 
+# Each draft position a K adds must earn its price's uncertainty: a rate is weighed as
+# rate x (1 - DRAFT_RISK)^K when K is chosen, so K=5 wins over K=3 only where the model promises
+# about 3 % more. A step's cost is least sure at the Ks furthest from the measured cells (a CPU's
+# profile measures K 0, 1, 3 and prices the rest by a per-pass line; a draft pass's cost moves
+# between launches), and a near-tie is a guess: docs/k-policies.md, "A larger K must earn its risk".
+DRAFT_RISK = 0.015
+
+
+def risk_weighed(rate: Sequence[float]) -> list[float]:
+    """``rate`` ([K] tokens/s) as K is chosen by: rate[K] x (1 - ``DRAFT_RISK``)^K."""
+    return [r * (1.0 - DRAFT_RISK) ** k for k, r in enumerate(rate)]
+
+
 def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int) -> tuple[int, list[float]]:
-    """K in 0..k_max maximising E(K) / step_s(b, K), and the rate for each K (tokens/s per request)."""
+    """K in 0..k_max maximising E(K) / step_s(b, K) as ``risk_weighed`` weighs it, and the rate for
+    each K (tokens/s per request, as the cost model predicts it: not weighed)."""
     rate = [expected_tokens(alphas, k) / cost.step_s(batch_size, k) for k in range(k_max + 1)]
-    return best_k_of(rate), rate
+    return best_k_of(risk_weighed(rate)), rate
 
 
 @dataclass(frozen=True)
@@ -167,7 +182,7 @@ def derive_auto_table(cost: CostModel, alphas: Sequence[float], k_max: int, max_
         raise ValueError("k_max must be >= 0 and max_batch >= 1")
     alphas = list(alphas[:k_max]) + [0.0] * (k_max - len(alphas))  # unmeasured positions: no credit
     optima, rates = zip(*(best_k(cost, alphas, b, k_max) for b in range(1, max_batch + 1)))
-    ks = non_increasing_ks(rates)
+    ks = non_increasing_ks([risk_weighed(row) for row in rates])
     return AutoTable(rows_from_ks(ks), ks, list(rates), alphas, list(optima))
 
 
@@ -276,7 +291,8 @@ def idle_drafter_k(k_policy: int, *, can_draft: bool, fresh: bool, k_at_recent_p
 def best_ceiling(
     scores: Mapping[str, Sequence[float]], cost: CostModel, batch_size: int | None = None
 ) -> tuple[int, list[float]]:
-    """How many positions the drafter should propose: the K whose auction rate is highest.
+    """How many positions the drafter should propose: the K whose auction rate is highest, as
+    ``risk_weighed`` weighs it (the rates returned are not weighed).
 
     The drafter's cost is paid for every position it proposes (``k_drafted``),
     admitted or not, so a model drafter should not propose positions that the
@@ -287,4 +303,4 @@ def best_ceiling(
         max(auction({r: s[:k] for r, s in scores.items()}, cost, batch_size, k_drafted=k).rate_by_slots)
         for k in range(k_max + 1)
     ]
-    return max(range(k_max + 1), key=lambda k: (rates[k], -k)), rates
+    return best_k_of(risk_weighed(rates)), rates

@@ -26,6 +26,7 @@ from engine_adapter.records import EngineStep
 
 HEIGHT = 300  # pixels
 MAX_BATCH_SHOWN = 64  # batch sizes the auto table's K-by-batch chart shows
+SHOWN_K_FACTOR = 0.02  # a K whose cells move its curve by this share or more is named in the subtitle
 
 
 def _empty(title: str, message: str) -> go.Figure:
@@ -53,7 +54,8 @@ PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#f
 
 
 def _add_cells_and_fit(fig: go.Figure, cost: CostModel) -> None:
-    """Per K: the measured cells (markers, with their sample counts) and the fitted curve."""
+    """Per K: the measured cells (markers, with their sample counts) and the curve the policies read
+    (the fit scaled by that K's cells, ``CostModel.step_s``)."""
     pts = cost.points
     for i, k in enumerate(sorted({p.k for p in pts})):
         colour = PALETTE[i % len(PALETTE)]
@@ -74,16 +76,16 @@ def _add_cells_and_fit(fig: go.Figure, cost: CostModel) -> None:
                 hovertemplate="%{text}<extra></extra>",
             )
         )
-        # the fit at this K: batch sizes 1..max measured, tokens = b (K + 1)
+        # the model at this K: batch sizes 1..max measured, tokens = b (K + 1)
         bs = np.arange(1, max(p.batch_size for p in sel) + 1)
         fig.add_trace(
             go.Scatter(
                 x=bs * (k + 1),
-                y=[cost.fit_step_s(int(b), k) * 1e3 for b in bs],
+                y=[cost.step_s(int(b), k) * 1e3 for b in bs],
                 mode="lines",
                 line=dict(color=colour, dash="dot", width=1),
                 legendgroup=str(k),
-                name=f"fit, K={k}",
+                name=f"model, K={k}",
                 showlegend=False,
                 hoverinfo="skip",
             )
@@ -140,9 +142,15 @@ def _fit_subtitle(cost: CostModel) -> str:
         drafter += (
             f", first pass {cost.first_s * 1e3:.1f} ms + {cost.first_s_per_req * 1e3:.2f} ms/request (skipped at K=0)"
         )
+    moved = ", ".join(
+        f"K={k} ×{cost.k_factor(k):.2f}"
+        for k in sorted({p.k for p in cost.points})
+        if abs(cost.k_factor(k) - 1.0) >= SHOWN_K_FACTOR
+    )
     return (
         f"fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
         f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}"
+        + (f"<br>each K's cells over the fit: {moved}" if moved else "")
     )
 
 

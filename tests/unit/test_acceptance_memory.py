@@ -129,7 +129,7 @@ def test_a_cache_without_a_usable_acceptance_gives_none(tmp_path, saved):
 
 def test_the_preview_is_the_table_auto_applies_cut_to_the_charts_batch_sizes():
     """A draft model whose fixed cost spreads over the batch: past 64 requests K=3 pays again, and
-    keeping K from rising holds K=3 at 43-64 requests too. A table derived for 64 batch sizes
+    keeping K from rising holds K=3 at 28-64 requests too. A table derived for 64 batch sizes
     only would show K=2 there, which ``auto`` never applies on this engine (max_num_seqs 256)."""
     history = _Steps()
     now = time.monotonic()
@@ -138,7 +138,7 @@ def test_the_preview_is_the_table_auto_applies_cut_to_the_charts_batch_sizes():
     ]
     live = LivePolicy(history.since, ["a prompt"], window_s=60.0)
     live.controller = PolicyController(client=None, k_max=3, max_batch=256)
-    live.controller.cost = CostModel(0.05, 0.005 / 75, 150, first_s=0.02, first_s_per_req=0.005 / 75, draft_s=0.03)
+    live.controller.cost = CostModel(0.05, 0.002 / 75, 100, first_s=0.02, first_s_per_req=0.002 / 75, draft_s=0.03)
     live.remember_window()
     alphas = live.alphas()
     applied = derive_auto_table(live.controller.cost, alphas, 3, 256)

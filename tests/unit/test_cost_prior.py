@@ -14,6 +14,7 @@ from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.cost_prior import SCALE_RANGE, find_prior, prior_key, scale_prior, timing_grid, write_prior
+from engine_adapter.policy.k_policy import derive_auto_table
 from engine_adapter.policy.live_state import PolicyView
 from engine_adapter.records import EngineStep
 from explorer.views.status import policy_status_markdown
@@ -162,3 +163,25 @@ def test_the_cells_traffic_has_not_reached_are_left_to_idle_time():
     assert learner.unreached(grid) == grid  # nothing learned yet: every cell, in the grid's order
     learner.learn(steps_on(TRUE, {(1, 3): MIN_LEARN_SAMPLES, (4, 1): MIN_LEARN_SAMPLES - 1, (8, 0): 40}))
     assert learner.unreached(grid) == [(1, 1), (1, 0), (4, 3), (4, 1), (4, 0)]  # (4, 1): a step short
+
+
+def test_a_k_dearer_than_the_per_pass_line_is_learned_and_left():
+    # a machine whose steps follow a straight per-pass line up to K=3 (as the profile's cells
+    # measure it) while K=4 costs 30 % more than the line (the draft passes dearer at the top, as
+    # some of the AVX2 kind's launches showed): the line makes K=4 the best K for one request, and
+    # 40 steps of it learned give it up for K=3, K=5 (never reached) priced as dear as K=4
+    line = CostModel(base_s=0.40, slope_s=0.0, knee_tokens=1, draft_s=0.15, first_s=0.10)
+    prior = fit_cost_model([CostPoint(b, k, b * (k + 1), line.fit_step_s(b, k), 6) for b, k in GRID], True)
+    alphas = [0.95] * 5
+    assert derive_auto_table(prior, alphas, 5, 4).k_by_batch[0] == 4
+    learner = CostLearner(prior, drafter_runs_model=True)
+    steps = steps_on(line, {(1, 0): 40, (1, 1): 40, (1, 3): 40})
+    at_k4 = steps_on(line, {(1, 4): 40}, seed=1, start=200)
+    dear = [replace(s, wall_s=s.wall_s * 1.3, interval_s=s.interval_s * 1.3) for s in at_k4]
+    learned = learner.learn(steps + dear)
+    assert learned is not None
+    assert learned.step_s(1, 4) == pytest.approx(1.3 * line.fit_step_s(1, 4), rel=0.06)
+    assert learned.step_s(1, 5) >= learned.step_s(1, 4) + 0.1
+    for k in (0, 1, 3):
+        assert learned.step_s(1, k) == pytest.approx(line.fit_step_s(1, k), rel=0.05), k
+    assert derive_auto_table(learned, alphas, 5, 4).k_by_batch[0] == 3

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from engine_adapter.acceptance import SlotEstimator, alphas_from_counts, fade_toward, remembered_alphas, survival
 from engine_adapter.engine_config import validate_k_table
-from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model, points_from_steps
+from engine_adapter.policy.cost_model import K_SHRINK_STEPS, CostModel, CostPoint, fit_cost_model, points_from_steps
 from engine_adapter.policy.k_policy import (
+    DRAFT_RISK,
     auction,
     best_ceiling,
     derive_auto_table,
@@ -18,6 +20,7 @@ from engine_adapter.policy.k_policy import (
     idle_drafter_k,
     non_increasing_ks,
     one_request_outlook,
+    risk_weighed,
     rows_from_ks,
 )
 
@@ -62,7 +65,9 @@ def test_rows_from_ks(ks, rows):
 
 
 def brute_force_best_k(cost, alphas, b, k_max):
-    return max(range(k_max + 1), key=lambda k: (expected_tokens(alphas, k) / cost.step_s(b, k), -k))
+    """Every K's rate, each draft position weighed down by DRAFT_RISK; ties to the smaller K."""
+    weighed = [expected_tokens(alphas, k) / cost.step_s(b, k) * (1 - DRAFT_RISK) ** k for k in range(k_max + 1)]
+    return max(range(k_max + 1), key=lambda k: (weighed[k], -k))
 
 
 @pytest.mark.parametrize(
@@ -278,22 +283,44 @@ def test_remembered_alphas(memory, accepted, reached, expected):
         # a drafter dearer than the step: only the position its standing pass gives for free
         (CostModel(0.1, 0.0, 0, draft_s=0.2), 1),
         # 20 ms per position beyond the first, free verification: K=3 gives (2 + 3.19) / 0.14 = 37.1
-        # tokens/s against 36.75 for K=2 and 36.6 for K=4 (0.66 + 0.0 more for 20 ms)
-        (CostModel(0.1, 0.0, 0, draft_s=0.02), 3),
+        # tokens/s against 36.75 for K=2 and 36.6 for K=4 (0.66 + 0.0 more for 20 ms): 1 % more
+        # than K=2, less than a draft position's risk (DRAFT_RISK), so K=2
+        (CostModel(0.1, 0.0, 0, draft_s=0.02), 2),
+        # ... at 10 ms per position K=4 gives 45.0 against 43.25 for K=3: 4 % more, worth its risk
+        (CostModel(0.1, 0.0, 0, draft_s=0.01), 4),
     ],
 )
 def test_best_ceiling_counts_the_drafters_cost(cost, expected):
     scores = {"a": [0.9, 0.81, 0.73, 0.66], "b": [0.5, 0.2, 0.05, 0.0]}
     k, rates = best_ceiling(scores, cost)
     assert k == expected, rates
-    assert rates[k] == max(rates)
+    assert risk_weighed(rates)[k] == max(risk_weighed(rates))
 
 
-def test_step_s_is_the_fit_even_where_a_cell_was_measured():
-    fit = CostModel(0.1, 0.01, 4, points=(CostPoint(2, 3, 8, 0.5, 5), CostPoint(1, 0, 1, 0.2, 2)))
-    assert fit.step_s(2, 3) == pytest.approx(0.1 + 0.01 * 4)  # the cell's 0.5 s is noise to the fit
-    assert fit.step_s(1, 0) == pytest.approx(0.1)
-    assert fit.step_s(4, 1) == pytest.approx(0.1 + 0.01 * 4)
+def test_a_ks_cells_move_its_whole_curve_shrunk_by_their_steps():
+    # the fit: 0.1 s flat to 4 tokens, 10 ms a token past it; K=3's cells read 1.5x it over 400
+    # steps, K=0's 2x over 4 steps (a profile's cell: a third of the way), K=1 none
+    fit = CostModel(0.1, 0.01, 4)
+    pts = (CostPoint(2, 3, 8, 1.5 * fit.fit_step_s(2, 3), 200), CostPoint(8, 3, 32, 1.5 * fit.fit_step_s(8, 3), 200))
+    model = replace(fit, points=(*pts, CostPoint(1, 0, 1, 0.2, 4)))
+    k3 = 1 + 0.5 * 400 / (400 + K_SHRINK_STEPS)
+    k0 = 1 + 1.0 * 4 / (4 + K_SHRINK_STEPS)
+    assert model.k_factor(3) == pytest.approx(k3) and model.k_factor(0) == pytest.approx(k0)
+    for b in (1, 2, 5, 16):  # every batch size alike: the curve keeps its shape
+        assert model.step_s(b, 3) == pytest.approx(k3 * fit.fit_step_s(b, 3))
+        assert model.fit_step_s(b, 3) == fit.fit_step_s(b, 3)  # the fit itself is untouched
+    assert model.k_factor(2) == pytest.approx(k0 + (k3 - k0) * 2 / 3)  # between measured Ks: interpolated
+    assert model.k_factor(5) == pytest.approx(k3)  # past the highest: held
+    assert fit.step_s(2, 3) == fit.fit_step_s(2, 3)  # no cells: the fit
+    noisy = CostModel(0.1, 0.01, 4, points=(CostPoint(2, 3, 8, 0.5, 5),))  # one 5-step cell: moved 5/13 of the way
+    assert noisy.step_s(2, 3) == pytest.approx(0.14 * (1 + (0.5 / 0.14 - 1) * 5 / 13))
+
+
+def test_step_time_never_falls_as_k_rises():
+    fit = CostModel(0.1, 0.0, 4, draft_s=0.01, first_s=0.01)
+    model = replace(fit, points=(CostPoint(1, 1, 2, 0.3, 400), CostPoint(1, 3, 4, 0.13, 400)))
+    steps = [model.step_s(1, k) for k in range(6)]
+    assert steps == sorted(steps) and steps[3] == steps[1]  # K=3's cheap cells do not undercut K=1's
 
 
 @pytest.mark.parametrize("acceptance", [0.9, 0.7, 0.5])
@@ -356,13 +383,13 @@ def test_a_drafter_whose_fixed_cost_spreads_over_the_batch_never_makes_k_rise():
     # target still nearly flat: per batch size the optimum rises from K=1 at b=1 to K=3 at b=3..4,
     # then falls to 0; the table keeps the best sequence that never rises, and says what it gave up
     cost = CostModel(0.05, 0.005, 2, first_s=0.02, first_s_per_req=0.005, draft_s=0.03)
-    alphas = [0.95] * 3
+    alphas = [0.98] * 3
     optima = [brute_force_best_k(cost, alphas, b, 3) for b in range(1, 17)]
     assert optima[:5] == [1, 2, 3, 3, 0], optima  # the unconstrained optimum rises
     auto = derive_auto_table(cost, alphas, 3, 16)
     assert auto.k_by_batch == sorted(auto.k_by_batch, reverse=True), auto.k_by_batch
     assert auto.optimum_by_batch == optima
-    assert auto.k_by_batch == best_non_increasing_by_brute_force(auto.rate)
+    assert auto.k_by_batch == best_non_increasing_by_brute_force([risk_weighed(row) for row in auto.rate])
     assert auto.rows == [(1, 4, 2), (5, 16, 0)]  # docs/k-policies.md quotes this table
 
 
