@@ -72,10 +72,11 @@ class AutoTable:
 
 # Each draft position a K adds must earn its price's uncertainty: a rate is weighed as
 # rate x (1 - DRAFT_RISK)^K when K is chosen, so K=5 wins over K=3 only where the model promises
-# about 3 % more. A step's cost is least sure at the Ks furthest from the measured cells (a CPU's
-# profile measures K 0, 1, 3 and prices the rest by a per-pass line; a draft pass's cost moves
-# between launches), and a near-tie is a guess: docs/k-policies.md, "A larger K must earn its risk".
-DRAFT_RISK = 0.015
+# about 4 % more. A cell's median over 8 steps of a CPU's 5 % step-to-step noise is sure to about
+# 2 % (5 % / sqrt(8)), and a step's cost is least sure at the Ks furthest from the measured cells
+# (a CPU's profile measures K 0, 1, 3 and prices the rest by a per-pass line); a near-tie is a
+# guess, and the larger K the dearer one: docs/k-policies.md, "A larger K must earn its risk".
+DRAFT_RISK = 0.02
 
 
 def risk_weighed(rate: Sequence[float]) -> list[float]:

@@ -128,9 +128,9 @@ def test_a_cache_without_a_usable_acceptance_gives_none(tmp_path, saved):
 
 
 def test_the_preview_is_the_table_auto_applies_cut_to_the_charts_batch_sizes():
-    """A draft model whose fixed cost spreads over the batch: past 64 requests K=3 pays again, and
-    keeping K from rising holds K=3 at 28-64 requests too. A table derived for 64 batch sizes
-    only would show K=2 there, which ``auto`` never applies on this engine (max_num_seqs 256)."""
+    """A draft model whose fixed cost spreads over the batch: past 64 requests K=2 pays again, and
+    keeping K from rising holds K=2 at 45-64 requests too. A table derived for 64 batch sizes
+    only would show K=1 there, which ``auto`` never applies on this engine (max_num_seqs 256)."""
     history = _Steps()
     now = time.monotonic()
     history.steps = [_step(i, now - 5, (1, 1, 1), (1, 1, 1)) for i in range(19)] + [
@@ -138,7 +138,7 @@ def test_the_preview_is_the_table_auto_applies_cut_to_the_charts_batch_sizes():
     ]
     live = LivePolicy(history.since, ["a prompt"], window_s=60.0)
     live.controller = PolicyController(client=None, k_max=3, max_batch=256)
-    live.controller.cost = CostModel(0.05, 0.002 / 75, 100, first_s=0.02, first_s_per_req=0.002 / 75, draft_s=0.03)
+    live.controller.cost = CostModel(0.05, 0.005 / 75, 100, first_s=0.02, first_s_per_req=0.005 / 75, draft_s=0.03)
     live.remember_window()
     alphas = live.alphas()
     applied = derive_auto_table(live.controller.cost, alphas, 3, 256)
@@ -147,6 +147,6 @@ def test_the_preview_is_the_table_auto_applies_cut_to_the_charts_batch_sizes():
         != applied.up_to(MAX_PREVIEW_BATCH).rows
     )
     preview = live.view().auto_preview
-    assert preview.rows == applied.up_to(MAX_PREVIEW_BATCH).rows == [(1, 64, 3)]
+    assert preview.rows == applied.up_to(MAX_PREVIEW_BATCH).rows == [(1, 64, 2)]
     assert preview.k_by_batch == applied.k_by_batch[:MAX_PREVIEW_BATCH]
     assert preview.rate == applied.rate[:MAX_PREVIEW_BATCH]
