@@ -61,6 +61,14 @@ class EngineStartError(RuntimeError):
     """The engine did not come up; the message says why, in words."""
 
 
+LOG_TAIL_LINES = 15  # lines of an engine's log a message quotes when it failed or died
+
+
+def log_tail(log: str, lines: int) -> str:
+    """The last ``lines`` lines of ``log`` (surrounding blank space dropped)."""
+    return "\n".join(log.strip().splitlines()[-lines:])
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -229,13 +237,13 @@ class EngineProcess:
         except (OSError, ValueError):
             return self._proc.poll()
 
-    def death_note(self, lines: int = 15) -> str | None:
+    def death_note(self, lines: int = LOG_TAIL_LINES) -> str | None:
         """None while the engine runs (or never started); once it died, its exit status (as
         ``returncode``) and the last ``lines`` lines of its log, for a message that says why."""
         if self._proc is None or self._proc.poll() is None:
             return None
         try:
-            tail = "\n".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+            tail = log_tail(self.log_path.read_text(errors="replace"), lines)
         except OSError as e:
             tail = f"(its log could not be read: {e})"
         return f"exit status {self.returncode}; the last lines of its log ({self.log_path}):\n{tail}"
@@ -386,7 +394,7 @@ class EngineProcess:
         why = explain_failure(log, self.config, self._platform, self.port)
         if why is not None:
             return f"vLLM failed to start: {why}. Log: {self.log_path}"
-        tail = "\n".join(log.strip().splitlines()[-15:])
+        tail = log_tail(log, LOG_TAIL_LINES)
         return f"vLLM exited during start-up. Last lines of its log ({self.log_path}):\n{tail}"
 
     def stop(self, timeout_s: float = 20) -> None:

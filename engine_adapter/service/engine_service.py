@@ -513,9 +513,13 @@ class EngineService:
         await self.idle_fill.claim()
         return self._engine_if_ready()  # after the claim: a restart may have come meanwhile
 
+    def _ready_engine(self) -> LiveEngine | None:
+        """The engine while it serves visitors (state "ready"), else None."""
+        return self._engine if self._status.state == "ready" else None
+
     def _engine_if_ready(self) -> LiveEngine:
-        engine = self._engine
-        if engine is None or self._status.state != "ready":
+        engine = self._ready_engine()
+        if engine is None:
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
         return engine
 
@@ -535,9 +539,8 @@ class EngineService:
     # --- background load ----------------------------------------------------
     def _serving_client(self):
         """The engine's client while it serves visitors, else None (the load waits)."""
-        if self._engine is None or self._status.state != "ready":
-            return None
-        return self._engine.client
+        engine = self._ready_engine()
+        return None if engine is None else engine.client
 
     async def _apply_bg(self) -> int:
         """Run the sessions' granted total as real requests (marked on the charts)."""
