@@ -513,12 +513,12 @@ class EngineService:
         await self.idle_fill.claim()
         return self._engine_if_ready()  # after the claim: a restart may have come meanwhile
 
-    def _ready_engine(self) -> LiveEngine | None:
+    def _serving_engine(self) -> LiveEngine | None:
         """The engine while it serves visitors (state "ready"), else None."""
         return self._engine if self._status.state == "ready" else None
 
     def _engine_if_ready(self) -> LiveEngine:
-        engine = self._ready_engine()
+        engine = self._serving_engine()
         if engine is None:
             raise RuntimeError(f"the engine is not ready ({self._status.state})")
         return engine
@@ -539,7 +539,7 @@ class EngineService:
     # --- background load ----------------------------------------------------
     def _serving_client(self):
         """The engine's client while it serves visitors, else None (the load waits)."""
-        engine = self._ready_engine()
+        engine = self._serving_engine()
         return None if engine is None else engine.client
 
     async def _apply_bg(self) -> int:
