@@ -11,8 +11,9 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
   the worker leaves free, the idle drafter and the batch limit. A GPU engine has none (None).
 - ``find_prior(config, platform)``: the matching ``ShippedPrior`` (its fitted ``cost``, its
   ``acceptance`` and a ``label`` for the page), or None.
-- ``timing_grid(k_max)``: the cells timed at start to scale a prior to this machine (one
-  request, K = min(3, k_max), then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
+- ``timing_grid(k_max, k_first)``: the cells timed at start to scale a prior to this machine (one
+  request at the K the first request will run, ``first_request_k``: the prior's own choice for
+  one request, else min(3, k_max); then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
   returns the prior with its verification terms scaled by the K=0 cells' measured/predicted
   ratio and its drafter terms by what the K>0 cells leave for them (medians, each clamped to
   ``SCALE_RANGE``), its points scaled alike, with the two factors.
@@ -23,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
@@ -33,6 +35,7 @@ from engine_adapter.engine.platform import Platform, machine_facts
 from engine_adapter.engine_config import EngineConfig, cpu_flags, cpu_kind, resolve_dtype, variant_key
 from engine_adapter.package_data import data_path
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
+from engine_adapter.policy.k_policy import one_request_outlook
 from engine_adapter.policy.profile_grid import ProfileGrid
 from engine_adapter.policy.profiler import acceptance_from_dict, acceptance_to_dict
 
@@ -122,8 +125,19 @@ def write_prior(
     return saved
 
 
-def timing_grid(k_max: int) -> ProfileGrid:
-    return ProfileGrid((1,), (min(TIMING_K, k_max), 0))
+def timing_grid(k_max: int, k_first: int | None = None) -> ProfileGrid:
+    """One request at K = ``k_first`` (the K the first request will run: ``first_request_k``),
+    else ``TIMING_K``, within 1..``k_max``; then K = 0."""
+    k = TIMING_K if k_first is None else k_first
+    return ProfileGrid((1,), (max(1, min(k, k_max)), 0))
+
+
+def first_request_k(prior: ShippedPrior, alphas: Sequence[float], k_max: int) -> int | None:
+    """The K the prior chooses for one request with ``alphas`` (``k_policy.one_request_outlook``;
+    at least 1): the drafting cell worth timing, since a draft pass's cost is not the same at every
+    K on a CPU (docs/k-policies.md). None without acceptance to choose by."""
+    outlook = one_request_outlook(prior.cost, alphas, k_max) if alphas else None
+    return None if outlook is None else outlook.k
 
 
 def _ratio(new: float, old: float) -> float:

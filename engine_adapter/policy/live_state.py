@@ -54,7 +54,7 @@ from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.controller import COST_POLICIES, SLOT_POLICIES, PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
-from engine_adapter.policy.cost_prior import ShippedPrior, find_prior, scale_prior, timing_grid
+from engine_adapter.policy.cost_prior import ShippedPrior, find_prior, first_request_k, scale_prior, timing_grid
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
 from engine_adapter.policy.profiler import (
@@ -310,19 +310,25 @@ class LivePolicy:
     async def _start_from_prior(
         self, prior: ShippedPrior, on_progress: Callable[[ProfileProgress], None] | None
     ) -> None:
-        """The shipped prior, scaled by timing ``timing_grid``'s two cells; then learning (``_learn``).
+        """The shipped prior, scaled by timing ``timing_grid``'s two cells (one request at the K the
+        prior chooses for it with its own acceptance, then K=0); then learning (``_learn``).
         If the timing fails the prior goes unscaled (said on the page); if anything else fails,
         ``controller.cost`` stays None and the caller profiles as with no prior."""
         ctl, cfg = self.controller, self._config
         self._profiling = "timing this machine against the shipped cost model"
         t_start = time.monotonic()
+        shipped_alphas = (
+            remembered_alphas([], prior.acceptance.accepted, prior.acceptance.reached, MIN_REACHED)
+            if prior.acceptance is not None
+            else []
+        )
         try:
             timed = await profile_engine(
                 ctl.client,
                 self._prompts,
                 ctl.k_max,
                 cfg.method == "draft",
-                grid=timing_grid(ctl.k_max),
+                grid=timing_grid(ctl.k_max, first_request_k(prior, shipped_alphas, ctl.k_max)),
                 progress=on_progress,
                 expect=prior.cost,
                 **self.profile_kwargs,

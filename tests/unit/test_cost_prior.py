@@ -13,8 +13,17 @@ from engine_adapter.engine.platform import cpu_platform, cuda_platform
 from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
-from engine_adapter.policy.cost_prior import SCALE_RANGE, find_prior, prior_key, scale_prior, timing_grid, write_prior
-from engine_adapter.policy.k_policy import derive_auto_table
+from engine_adapter.policy.cost_prior import (
+    SCALE_RANGE,
+    ShippedPrior,
+    find_prior,
+    first_request_k,
+    prior_key,
+    scale_prior,
+    timing_grid,
+    write_prior,
+)
+from engine_adapter.policy.k_policy import derive_auto_table, one_request_outlook
 from engine_adapter.policy.live_state import PolicyView
 from engine_adapter.records import EngineStep
 from explorer.views.status import policy_status_markdown
@@ -67,6 +76,18 @@ def test_a_machine_far_outside_the_prior_is_clamped_and_no_timing_leaves_it_as_s
     assert scale_prior(PRIOR, no_drafter)[2] == SCALE_RANGE[0]
     assert scale_prior(PRIOR, [])[1:] == (1.0, 1.0) and scale_prior(PRIOR, [])[0].step_s(4, 3) == PRIOR.step_s(4, 3)
     assert timing_grid(5).cells == [(1, 3), (1, 0)] and timing_grid(1).cells == [(1, 1), (1, 0)]
+    assert timing_grid(5, 2).cells == [(1, 2), (1, 0)] and timing_grid(5, 0).cells == [(1, 1), (1, 0)]
+    assert timing_grid(3, 5).cells == [(1, 3), (1, 0)]
+
+
+def test_the_drafting_cell_timed_is_the_k_the_prior_gives_one_request():
+    prior = ShippedPrior(PRIOR, None, "a prior")
+    for alphas in ([0.9] * 5, [0.6] * 5, [0.95, 0.9]):
+        expected = one_request_outlook(PRIOR, alphas, 5).k
+        assert first_request_k(prior, alphas, 5) == expected
+    ks = {first_request_k(prior, [a] * 5, 5) for a in (0.3, 0.6, 0.8, 0.9, 0.99)}
+    assert len(ks) >= 3 and min(ks) >= 1  # it follows the acceptance, and drafts at least one position
+    assert first_request_k(prior, [], 5) is None  # no acceptance: timing_grid's own K
 
 
 def config(**kw) -> EngineConfig:
