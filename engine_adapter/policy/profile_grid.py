@@ -4,8 +4,8 @@ Contract: ``profile_grid(platform, max_num_seqs, k_max, capture_sizes, max_num_b
 is a pure function to a ``ProfileGrid`` (batch sizes ascending, Ks descending, the CUDA-graph
 capture sizes the engine pads its steps to, in tokens); ``config_profile_grid(config, platform)``
 takes them from an ``EngineConfig`` as ``engine.server_args`` launches it (``capture_sizes``,
-``batched_tokens``). On this CPU the grid is the nine cells ``default_grid`` gives (batch sizes
-1, 4, 16 x K 3, 1, 0); on a GPU it reaches past the knee (hundreds of tokens per step) and
+``batched_tokens``). On this CPU the grid is the cells ``default_grid`` gives (batch sizes
+1, 4, 16 x K 3, 1, 0) and one request at k_max; on a GPU it reaches past the knee (hundreds of tokens per step) and
 records the capture sizes its steps are padded to; ``profile_grid`` says why, and what it costs.
 ``profiler.profile_engine`` measures a grid's cells; ``cost_model.CostModel`` pads steps to its ``capture_sizes``.
 """
@@ -41,15 +41,29 @@ class ProfileGrid:
     batch_sizes: tuple[int, ...]  # ascending
     ks: tuple[int, ...]  # descending: K=0 last
     capture_sizes: tuple[int, ...] = ()  # tokens per step with a CUDA graph, ascending; () = none (CPU, eager)
+    one_request_ks: tuple[int, ...] = ()  # further Ks measured at batch size 1 only (a CPU's k_max)
+
+    def ks_at(self, batch_size: int) -> list[int]:
+        """The Ks measured at ``batch_size``, highest first: ``ks``, and at 1 ``one_request_ks`` too."""
+        extra = self.one_request_ks if batch_size == 1 else ()
+        return sorted({*self.ks, *extra}, reverse=True)
 
     @property
     def cells(self) -> list[tuple[int, int]]:
-        return profile_cells(self.batch_sizes, self.ks)
+        return [(b, k) for b in sorted(set(self.batch_sizes)) for k in self.ks_at(b)]
+
+
+def top_of_one_request(k_max: int) -> tuple[int, ...]:
+    """(k_max,) where ``default_ks`` stop below it: the largest step one request can take, measured
+    rather than priced by the fit's per-pass line, which the top draft passes outran on both CPU
+    kinds (docs/k-policies.md, "A larger K must earn its risk")."""
+    return (k_max,) if k_max > max(default_ks(k_max)) else ()
 
 
 def default_grid(k_max: int) -> ProfileGrid:
-    """This CPU's grid: batch sizes 1, 4, 16 x ``default_ks``, nothing padded."""
-    return ProfileGrid(DEFAULT_BATCH_SIZES, tuple(default_ks(k_max)))
+    """This CPU's grid: batch sizes 1, 4, 16 x ``default_ks``, and one request at k_max
+    (``top_of_one_request``); nothing padded."""
+    return ProfileGrid(DEFAULT_BATCH_SIZES, tuple(default_ks(k_max)), one_request_ks=top_of_one_request(k_max))
 
 
 def profile_grid(
@@ -63,7 +77,8 @@ def profile_grid(
 
     CPU: batch sizes 1, 4, 16 x ``default_ks(k_max)`` (K 3, 1, 0), the nine cells measured on 2 cores
     (``profiler``'s docstring): the knee lies at a handful of tokens, and 16 x 4 = 64 tokens are well
-    past it (each capped at ``max_num_seqs``: a smaller engine never holds a batch of 16).
+    past it (each capped at ``max_num_seqs``: a smaller engine never holds a batch of 16); and one
+    request at K = k_max (``top_of_one_request``: seconds), the top the policies choose at one request.
 
     GPU: the knee lies at hundreds of tokens, so the batch sizes grow geometrically
     (``GPU_BATCH_GROWTH``: 1, 4, 16, 64, 256, ...) up to ``max_num_seqs`` itself, the largest batch
@@ -84,13 +99,14 @@ def profile_grid(
     largest batch holds max_num_seqs x (prompt + ``profiler.cell_max_tokens``) tokens of KV cache.
     """
     ks = sorted({*default_ks(k_max), k_max} if platform.is_gpu else set(default_ks(k_max)), reverse=True)
+    one_request = () if platform.is_gpu else top_of_one_request(k_max)
     top = max_num_seqs
     if max_num_batched_tokens is not None:  # the top cell's step must fit the step's token budget
         top = max(1, min(top, max_num_batched_tokens // (ks[0] + 1)))
     wanted = _geometric(top, GPU_BATCH_GROWTH) if platform.is_gpu else DEFAULT_BATCH_SIZES
     sizes = tuple(sorted(set(capture_sizes)))
     batch_sizes = sorted({min(b, top) for b in wanted})
-    return ProfileGrid(tuple(batch_sizes), tuple(ks), sizes)
+    return ProfileGrid(tuple(batch_sizes), tuple(ks), sizes, one_request)
 
 
 def _geometric(top: int, growth: int) -> list[int]:

@@ -203,7 +203,7 @@ def cell_estimates_s(cost: CostModel, grid: ProfileGrid, steps_per_cell: int = S
         seconds = (steps_per_cell + SETTLE_STEPS + ACK_STEPS) * _cell_s(cost, b, k)
         if b not in started:
             started.add(b)
-            seconds += (1 + b * PREFILL_STEPS_PER_REQUEST) * _cell_s(cost, b, max(grid.ks))
+            seconds += (1 + b * PREFILL_STEPS_PER_REQUEST) * _cell_s(cost, b, max(grid.ks_at(b)))
         out.append(seconds)
     return out
 
@@ -237,12 +237,12 @@ async def profile_engine(
     if client.tap is None or not client.live_policies:
         raise RuntimeError("profiling needs the scheduler tap and live K policies (EngineConfig.k_max)")
     grid = grid or default_grid(k_max)
-    ks = sorted(set(grid.ks), reverse=True)
     meter = ProfileMeter(grid, steps_per_cell, expect, progress)
     observed: list[tuple[int, int, int, float]] = []
     q = client.tap.watch()
     try:
         for b in sorted(set(grid.batch_sizes)):
+            ks = grid.ks_at(b)
             await client.set_k(ks[0])  # before the requests start: they draft from their first decode
             batch = _Batch(client, prompts, cell_max_tokens(ks, steps_per_cell), b)
             try:

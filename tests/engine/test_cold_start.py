@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from engine_adapter.policy.profiler import DEFAULT_BATCH_SIZES, default_ks, profile_cells
+from engine_adapter.policy.profile_grid import default_grid
 from engine_adapter.records import RequestResult
 from engine_adapter.service.engine_service import EngineService
 from tests.support.fixtures import tiny_config
@@ -60,7 +60,7 @@ def test_the_service_is_ready_only_after_measuring(cold_service):
     assert ("starting", "measure", "measuring") in seen, "the step-time picture never showed cells while measuring"
     v = svc.policy_view()
     assert v.cost_source == "profiled"
-    missing = set(profile_cells(DEFAULT_BATCH_SIZES, default_ks(5))) - {(p.batch_size, p.k) for p in v.cost.points}
+    missing = set(default_grid(5).cells) - {(p.batch_size, p.k) for p in v.cost.points}
     assert not missing, f"cells not measured (batch size, K): {sorted(missing)}; measured: {v.cost.points}"
     assert v.state.spec.kind == "auto", v.state.spec  # the start policy, once the cost model is there
     assert _profiling_steps_hold_only_profiling_requests(svc) > 20

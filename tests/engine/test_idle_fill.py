@@ -17,7 +17,7 @@ from engine_adapter.engine.platform import cpu_platform
 from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.cost_prior import PRIORS_ENV, write_prior
-from engine_adapter.policy.profile_grid import DEFAULT_BATCH_SIZES, default_ks, profile_cells
+from engine_adapter.policy.profile_grid import default_grid
 from engine_adapter.records import RequestResult
 from engine_adapter.service.engine_service import EngineService
 from tests.support.fixtures import tiny_config
@@ -25,7 +25,7 @@ from tests.support.fixtures import tiny_config
 BG_PROMPTS = ["def add(a, b):", "The quick brown fox"]
 K_MAX = 5
 PRIOR = CostModel(base_s=0.02, slope_s=0.001, knee_tokens=8, draft_s=0.005, first_s=0.005)
-CELLS = profile_cells(DEFAULT_BATCH_SIZES, default_ks(K_MAX))
+CELLS = default_grid(K_MAX).cells
 
 
 def made_up_prior() -> CostModel:

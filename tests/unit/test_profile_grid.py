@@ -36,7 +36,10 @@ def on_a_graph(grid: ProfileGrid, b: int, k: int) -> bool:
 @pytest.mark.parametrize("max_num_seqs, budget", [(16, None), (32, 2048), (64, None), (256, 2048)])
 def test_the_cpu_grid_is_todays(k_max, max_num_seqs, budget):
     grid = profile_grid(CPU, max_num_seqs, k_max, (), budget)
-    assert grid == default_grid(k_max) == ProfileGrid((1, 4, 16), tuple(default_ks(k_max)))
+    top = (k_max,) if k_max > 3 else ()  # one request at k_max, where the nine cells stop below it
+    assert grid == default_grid(k_max) == ProfileGrid((1, 4, 16), tuple(default_ks(k_max)), one_request_ks=top)
+    first = [(1, k) for k in sorted({*default_ks(k_max), *top}, reverse=True)]
+    assert grid.cells == first + [(b, k) for b in (4, 16) for k in default_ks(k_max)]  # K=0 last at each size
 
 
 @pytest.mark.parametrize(
