@@ -9,8 +9,9 @@ runs ``profiler.profile_engine`` on a grid of one batch size and every K from ``
 0 (``--repeats`` times in the same engine), on the first code presets. Prints each pass's cells
 (batch size, K, tokens per step, median step seconds, steps) and the cost model fitted to them,
 then a JSON last line with the machine (``platform.machine_facts``) and every pass. What it is
-for: the CPU profile measures K 0, 1 and 3 only and prices higher K by the fit's per-pass cost;
-this measures every K to see where that holds. The engine is closed at the end.
+for: the CPU profile measures K 0, 1 and 3 (and k_max at one request) and prices the Ks between
+by the fit's per-pass cost; this measures every K to see where that holds. The engine is closed
+at the end.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ async def measure(batch_size: int, k_max: int, repeats: int) -> list[dict]:
         for n in range(repeats):
             cost = await profile_engine(engine.client, prompts, k_max, True, grid=grid)
             cells = [[p.batch_size, p.k, p.num_tokens, round(p.step_s, 4), p.samples] for p in cost.points]
-            fit = [round(cost.step_s(batch_size, k), 4) for k in range(k_max + 1)]
+            fit = [round(cost.fit_step_s(batch_size, k), 4) for k in range(k_max + 1)]
             print(f"pass {n + 1}: cells (b, K, tokens, step s, steps) {cells}")
             print(f"         fit per K {fit}, rmse {cost.rmse_s:.4f} s")
             passes.append({"cells": cells, "fit_step_s": fit, "rmse_s": round(cost.rmse_s, 4)})

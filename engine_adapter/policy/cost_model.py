@@ -21,7 +21,7 @@ cannot hold (a K whose steps cost more than the per-pass line says, as a draft p
 moves on a CPU) its cells say through ``k_factor``: the fitted curve at each K is scaled by
 that K's cells' measured/fitted ratio (steps-weighted, over all batch sizes alike, so the
 curve keeps its shape in the batch size), shrunk toward 1 as if ``K_SHRINK_STEPS`` steps had
-read the fit: a profile's 4-step cells move it a third of the way, hundreds of learned steps
+read the fit: one 4-step cell moves it a third of the way, hundreds of learned steps
 all of it. A K with no cells takes the factor interpolated between its measured neighbours
 (above the highest, the highest's), and step time never falls as K rises. The knee is chosen
 by least squares over the measured token counts, so a CPU (knee near a handful

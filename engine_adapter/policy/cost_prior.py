@@ -12,8 +12,8 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
 - ``find_prior(config, platform)``: the matching ``ShippedPrior`` (its fitted ``cost``, its
   ``acceptance`` and a ``label`` for the page), or None.
 - ``timing_grid(k_max, k_first)``: the cells timed at start to scale a prior to this machine (one
-  request at the K the first request will run, ``first_request_k``: the prior's own choice for
-  one request, else min(3, k_max); then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
+  request at ``first_request_k``, the unscaled prior's own choice for one request, else
+  min(3, k_max); then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
   returns the prior with its verification terms scaled by the K=0 cells' measured/predicted
   ratio and its drafter terms by what the K>0 cells leave for them (medians, each clamped to
   ``SCALE_RANGE``), its points scaled alike, with the two factors.
@@ -126,16 +126,17 @@ def write_prior(
 
 
 def timing_grid(k_max: int, k_first: int | None = None) -> ProfileGrid:
-    """One request at K = ``k_first`` (the K the first request will run: ``first_request_k``),
-    else ``TIMING_K``, within 1..``k_max``; then K = 0."""
+    """One request at K = ``k_first`` (``first_request_k``: the K the unscaled prior gives one
+    request), else ``TIMING_K``, within 1..``k_max``; then K = 0."""
     k = TIMING_K if k_first is None else k_first
-    return ProfileGrid((1,), (max(1, min(k, k_max)), 0))
+    return ProfileGrid((1,), (min(max(1, k), k_max), 0))
 
 
 def first_request_k(prior: ShippedPrior, alphas: Sequence[float], k_max: int) -> int | None:
-    """The K the prior chooses for one request with ``alphas`` (``k_policy.one_request_outlook``;
-    at least 1): the drafting cell worth timing, since a draft pass's cost is not the same at every
-    K on a CPU (docs/k-policies.md). None without acceptance to choose by."""
+    """The K the unscaled prior chooses for one request with ``alphas`` (``k_policy.one_request_outlook``;
+    at least 1): the K the first request most likely runs, the drafting cell worth timing, since a
+    draft pass's cost is not the same at every K on a CPU (docs/k-policies.md). None without
+    acceptance to choose by."""
     outlook = one_request_outlook(prior.cost, alphas, k_max) if alphas else None
     return None if outlook is None else outlook.k
 

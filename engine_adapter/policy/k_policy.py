@@ -20,14 +20,15 @@ and the tests call the same code):
 - ``equal_slots(lengths, total)``: the same number of slots shared alike (water-filling):
   every request the same draft length, capped at what it drafted, the rest to the others;
 - ``best_ceiling(scores, cost)``: how many positions the drafter should
-  propose at all, since a model drafter's cost is paid for every position;
+  propose at all, since a model drafter's cost is paid for every position
+  (risk-weighed as the auto table);
 - ``SlotEstimator``: running per-request, per-position acceptance counts with a
   shrinkage prior from all requests, giving each request's survival scores;
 - ``idle_drafter_k(k_policy, ...)``: the K a table policy's step runs with when
   the draft model idles at K = 0 (``idle_drafter.py``).
 - ``one_request_outlook(cost, alphas, k_max)``: the hardware's part in a speedup:
   what a draft pass and a verification cost against a plain step at one request's
-  best K, and the speedup that allows (``OneRequestOutlook``).
+  best K (risk-weighed), and the speedup that allows (``OneRequestOutlook``).
 
 Units: probabilities in [0, 1]; tokens per step; seconds via ``CostModel``.
 """
@@ -74,8 +75,9 @@ class AutoTable:
 # rate x (1 - DRAFT_RISK)^K when K is chosen, so K=5 wins over K=3 only where the model promises
 # about 4 % more. A cell's median over 8 steps of a CPU's 5 % step-to-step noise is sure to about
 # 2 % (5 % / sqrt(8)), and a step's cost is least sure at the Ks furthest from the measured cells
-# (a CPU's profile measures K 0, 1, 3 and prices the rest by a per-pass line); a near-tie is a
-# guess, and the larger K the dearer one: docs/k-policies.md, "A larger K must earn its risk".
+# (a CPU's profile measures K 0, 1, 3 at every batch size and k_max at one request, and prices the
+# rest by a per-pass line); a near-tie is a guess, and the larger K the dearer one:
+# docs/k-policies.md, "A larger K must earn its risk".
 DRAFT_RISK = 0.02
 
 
@@ -96,8 +98,8 @@ class OneRequestOutlook:
     """What the machine allows one request, by a cost model and the acceptance measured."""
 
     plain_s: float  # a plain step (K=0, one request), s
-    k: int  # one request's best K; 1 where none pays (what drafting would cost)
-    draft_pass_share: float  # a draft pass at K, on average, over a plain step
+    k: int  # one request's best K, risk-weighed (``risk_weighed``); 1 where none pays (what drafting would cost)
+    draft_pass_share: float  # a draft pass at K, on average, over a plain step (K's cells over the fit included)
     verify_share: float  # verifying K + 1 tokens, over a plain step
     speedup: float  # E(K) over the step's cost in plain steps: at K, against plain decoding
 
@@ -110,10 +112,11 @@ def one_request_outlook(cost: CostModel, alphas: Sequence[float], k_max: int) ->
         return None
     best, rate = best_k(cost, alphas, 1, usable)
     k = max(best, 1)
+    beyond_fit = cost.step_s(1, k) - cost.fit_step_s(1, k)  # K's cells over the fit: the draft passes'
     return OneRequestOutlook(
         plain_s=plain_s,
         k=k,
-        draft_pass_share=cost.draft_cost_s(1, k) / k / plain_s,
+        draft_pass_share=(cost.draft_cost_s(1, k) + beyond_fit) / k / plain_s,
         verify_share=cost.verify_s(k + 1) / plain_s,
         speedup=rate[k] / rate[0],
     )
@@ -224,8 +227,8 @@ def auction(
         key=lambda x: (-x[0], x[1], x[2]),
     )
     fixed = cost.draft_cost_s(b, k_drafted)
-    # where the step (b, K) was measured, admitting every slot costs what was measured,
-    # as ``step_s`` answers for the auto table; the fit's slope prices the trimmed slots
+    # admitting every slot costs what ``step_s`` answers for the auto table (the fit scaled by K's
+    # factor, ``CostModel.k_factor``); the fit's slope prices the trimmed slots
     fixed += cost.step_s(b, k_drafted) - cost.fit_step_s(b, k_drafted)
     gain = [float(b)]
     for s, _, _ in order:

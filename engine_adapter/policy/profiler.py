@@ -20,12 +20,12 @@ in force) where given, else by the cells measured so far (``ProfileMeter``).
 
 The grid comes from the machine (``profile_grid.config_profile_grid(config, platform)``,
 whose module says how): on a CPU it is small on purpose (batch sizes 1, 4, 16 x
-K 0, 1, 3: nine cells; about two minutes for the packaged pair on 2 CPU cores,
-docs/benchmarks.md has the figures): the K policies read the fitted curve, not the
-cells (``CostModel.step_s``), and the curve's few parameters (a hinge in verified
-tokens, the drafter's passes) are pinned by these cells; K above 3 is priced by
-the fit's per-pass cost. The fit to these nine was within -12..+15 % of all 20
-cells of the old grid (docs/k-policies.md). On a GPU the batch sizes grow to
+K 0, 1, 3: nine cells, and one request at k_max; about two minutes for the packaged pair
+on 2 CPU cores, docs/benchmarks.md has the figures): the K policies read the fitted curve
+scaled by each K's cells (``CostModel.step_s``), and the curve's few parameters (a hinge
+in verified tokens, the drafter's passes) are pinned by these cells; K between 3 and
+k_max is priced by the fit's per-pass cost. The fit to the nine was within -12..+15 % of
+all 20 cells of the old grid (docs/k-policies.md). On a GPU the batch sizes grow to
 ``max_num_seqs`` (past the knee, hundreds of tokens per step) and sit on CUDA-graph
 capture sizes.
 
@@ -85,7 +85,7 @@ SETTLE_STEPS = 1  # steps skipped after a switch (a request's first decode); old
 ACK_STEPS = 3
 PREFILL_STEPS_PER_REQUEST = 1 / 8  # ... about 1 + b/8 steps for a batch of b short prompts
 PROMPT_WORDS = 8  # profiling prompts are cut to this many words (``short_prompt``)
-PROFILE_VERSION = 4  # in the cache key: profiles saved the old way (3: no acceptance) are measured again
+PROFILE_VERSION = 5  # in the cache key: older profiles are measured again (3: no acceptance; 4: no k_max cell)
 ACCEPTANCE_KEY = "acceptance"  # in the cache file: {"accepted": [...], "reached": [...]} per draft position
 
 

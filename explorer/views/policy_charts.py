@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 
 from engine_adapter.engine_config import KTable
 from engine_adapter.policy.cost_model import CostModel
-from engine_adapter.policy.k_policy import AutoTable
+from engine_adapter.policy.k_policy import DRAFT_RISK, AutoTable, risk_weighed
 from engine_adapter.records import EngineStep
 
 HEIGHT = 300  # pixels
@@ -150,7 +150,7 @@ def _fit_subtitle(cost: CostModel) -> str:
     return (
         f"fit: {cost.base_s * 1e3:.1f} ms flat, +{cost.slope_s * 1e3:.2f} ms per "
         f"token past the knee (rmse {cost.rmse_s * 1e3:.1f} ms){drafter}"
-        + (f"<br>each K's cells over the fit: {moved}" if moved else "")
+        + (f"<br>each K's curve over the fit, by its cells: {moved}" if moved else "")
     )
 
 
@@ -175,19 +175,25 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
 
 
 def auto_figure(auto: AutoTable | None, batch_size: float, chosen_by: str) -> go.Figure:
-    """The curve the auto table maximised at this batch size, and K chosen per batch size."""
+    """The curve the auto table maximised at this batch size (the predicted rate, and the same
+    weighed as K is chosen: ``k_policy.risk_weighed``), and K chosen per batch size."""
     title = "Auto table: expected tokens/s per request, E(K) / step time"
     if auto is None:
         return _empty(title, "Needs the cost model and some measured acceptance.")
     b = min(max(int(round(batch_size)), 1), len(auto.k_by_batch))
     rate = auto.rate[b - 1]
+    weighed = risk_weighed(rate)
+    ks = list(range(len(rate)))
     fig = make_subplots(rows=1, cols=2, column_widths=[0.5, 0.5], horizontal_spacing=0.12)
-    fig.add_trace(go.Scatter(x=list(range(len(rate))), y=rate, mode="lines+markers", name="E(K)/step_s"), 1, 1)
+    fig.add_trace(
+        go.Scatter(x=ks, y=rate, mode="lines", line=dict(dash="dot", width=1), name="E(K)/step_s, predicted"), 1, 1
+    )
+    fig.add_trace(go.Scatter(x=ks, y=weighed, mode="lines+markers", name="as K is chosen"), 1, 1)
     best = auto.k_by_batch[b - 1]
     fig.add_trace(
         go.Scatter(
             x=[best],
-            y=[rate[best]],
+            y=[weighed[best]],
             mode="markers",
             marker=dict(size=16, symbol="star", color="#e8554c"),
             name="chosen",
@@ -205,7 +211,10 @@ def auto_figure(auto: AutoTable | None, batch_size: float, chosen_by: str) -> go
     )
     fig.add_trace(go.Scatter(x=[b], y=[best], mode="markers", marker=dict(size=14, color="#e8554c"), name="now"), 1, 2)
     alphas = ", ".join(f"{a:.2f}" for a in auto.alphas)
-    subtitle = f"{chosen_by}<br>measured acceptance per position α = [{alphas}]"
+    subtitle = (
+        f"{chosen_by}<br>measured acceptance per position α = [{alphas}]; "
+        f"each draft position weighed {DRAFT_RISK:.0%} down (dotted: unweighed)"
+    )
     fig.update_layout(
         title=dict(text=f"{title}<br><sup>{subtitle}</sup>"),
         height=HEIGHT + 30,
@@ -220,13 +229,14 @@ def auto_figure(auto: AutoTable | None, batch_size: float, chosen_by: str) -> go
 
 
 def chosen_k_caption(auto: AutoTable, batch_size: int) -> str:
-    """Why K is what it is at ``batch_size`` (1-based): the curve's maximum, or, where the batch
-    size's own maximum would make K rise with the batch size, what keeping it from rising costs."""
+    """Why K is what it is at ``batch_size`` (1-based): the weighed curve's maximum, or, where the batch
+    size's own maximum would make K rise with the batch size, what keeping it from rising costs
+    (on the weighed curve, ``k_policy.risk_weighed``: the one K is chosen on)."""
     best = auto.k_by_batch[batch_size - 1]
     optimum = auto.optimum_by_batch[batch_size - 1] if auto.optimum_by_batch else best
     if optimum == best:
         return f"K (at batch size {batch_size}, K = {best} maximises)"
-    rate = auto.rate[batch_size - 1]
+    rate = risk_weighed(auto.rate[batch_size - 1])
     gain = rate[optimum] / rate[best] - 1 if rate[best] > 0 else 0.0
     return (
         f"K (at batch size {batch_size}, K = {best}; K = {optimum} gives {gain:+.2%}"

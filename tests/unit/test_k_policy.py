@@ -472,3 +472,12 @@ def test_where_no_k_pays_the_outlook_says_what_k1_would_cost():
     assert o is not None and o.k == 1 and o.speedup < 1.0
     assert o.speedup == pytest.approx(1.5 / (0.5 / 0.2))
     assert one_request_outlook(dear, [], k_max=3) is None  # no acceptance measured: nothing to say
+
+
+def test_the_outlooks_parts_add_up_to_the_step_it_prices_when_a_ks_cells_move_it():
+    fit = CostModel(base_s=0.2, slope_s=0.0, knee_tokens=8, draft_s=0.05, first_s=0.05)
+    dear = replace(fit, points=(CostPoint(1, 0, 1, 0.2, 400), CostPoint(1, 2, 3, 1.3 * fit.fit_step_s(1, 2), 400)))
+    o = one_request_outlook(dear, [0.95] * 5, k_max=2)
+    assert o is not None and o.k in (1, 2)
+    parts = o.verify_share + o.k * o.draft_pass_share
+    assert parts == pytest.approx(dear.step_s(1, o.k) / dear.step_s(1, 0))
