@@ -344,8 +344,14 @@ class EngineService:
         return self.background.changes
 
     async def set_policy(self, spec: PolicySpec) -> PolicyState | None:
-        """Apply a K policy to the running engine, live (None: queued behind profiling)."""
-        return await self._call(self.live_policy.apply(spec))
+        """Apply a K policy to the running engine, live (None: queued behind profiling); an idle-time
+        cell running stops first, and none begins while the policy is sent."""
+        self.idle_fill.note_claim()
+        return await self._call(self._apply_policy(spec))
+
+    async def _apply_policy(self, spec: PolicySpec) -> PolicyState | None:
+        async with self.idle_fill.claimed():
+            return await self.live_policy.apply(spec)
 
     def _measure_progress(self, p: ProfileProgress) -> None:
         if self._status.state == "starting" and self._start_measuring_since is None:

@@ -7,16 +7,17 @@ a measurement, a restart) nor a claim has been seen. ``await claim()`` comes bef
 of anyone's goes in (a visitor's, the load's, the twin's, a measurement's): it stops the cell
 measured meanwhile and returns once the engine runs none of its requests
 (``LivePolicy.stop_filling``), so a profiling step never holds anyone else's request; no cell
-starts while a claim is under way.
+starts while a claim is under way (``claimed()`` holds one for a block: a K policy chosen).
 ``cells_started`` counts the cells begun.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 QUIET_S = 20.0  # seconds nobody claimed the engine before idle time is used
@@ -46,9 +47,17 @@ class IdleFill:
 
     async def claim(self) -> None:
         """The engine is wanted: no new cell for ``quiet_s``, and the one running stopped and gone."""
+        async with self.claimed():
+            pass
+
+    @contextlib.asynccontextmanager
+    async def claimed(self) -> AsyncIterator[None]:
+        """``claim`` held for a block (choosing a K policy, whose own ``await``s let the loop run):
+        the cell running stopped and gone first, none begins until ``quiet_s`` after the block."""
         self._claims += 1
         try:
             await self._policy.stop_filling()
+            yield
         finally:
             self._claims -= 1
             self._used_t = time.monotonic()

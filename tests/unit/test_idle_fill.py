@@ -73,3 +73,24 @@ def test_no_cell_starts_while_a_claim_is_under_way():
 
     during, total = asyncio.run(scenario())
     assert during == 0 and total > 0, (during, total)
+
+
+def test_no_cell_starts_inside_a_claimed_block_however_long_it_awaits():
+    """A K policy chosen: the cell stopped first, none begins while the policy is sent (its awaits let
+    the loop run), even with quiet_s 0; cells begin again after the block."""
+
+    async def scenario() -> tuple[int, int, int]:
+        policy = Policy()
+        policy.release.set()
+        fill = IdleFill(policy, lambda: False, quiet_s=0.0, period_s=PERIOD_S)
+        task = asyncio.create_task(fill.run())
+        async with fill.claimed():
+            stopped, started = policy.stopped, policy.started
+            await asyncio.sleep(0.3)  # sending the policy takes a while
+            during = policy.started - started
+        await asyncio.sleep(0.3)
+        task.cancel()
+        return stopped, during, policy.started - started
+
+    stopped, during, after = asyncio.run(scenario())
+    assert stopped == 1 and during == 0 and after > 0, (stopped, during, after)
