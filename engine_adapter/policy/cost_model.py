@@ -103,11 +103,17 @@ class CostModel:
 
     def k_factor(self, k: int) -> float:
         """How much K's steps cost over the fitted curve, by the cells (1: none measured)."""
-        known = self._k_factors
-        if not known:
-            return 1.0
-        ks = sorted(known)
-        return float(np.interp(k, ks, [known[j] for j in ks]))  # held flat past the ends
+        by_k = self._k_factor_by_k  # each K interpolated once: the policies ask per batch size and K
+        if k not in by_k:
+            known = self._k_factors
+            ks = sorted(known)
+            by_k[k] = float(np.interp(k, ks, [known[j] for j in ks])) if known else 1.0  # flat past the ends
+        return by_k[k]
+
+    @cached_property
+    def _k_factor_by_k(self) -> dict[int, float]:
+        """``k_factor``'s answers so far (filled as asked)."""
+        return {}
 
     @cached_property
     def _k_factors(self) -> dict[int, float]:
