@@ -346,10 +346,12 @@ class LivePolicy:
         except Exception as e:  # a broken prior: measured as if none were shipped
             self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
             return
-        timed_counts = PositionCounts(ctl.k_max)  # the timing's own drafts, where the prior ships none
-        timed_counts.add(s for s in self._steps_since(t_start) if s.profiling_requests)
-        acc = prior.acceptance or timed_counts
-        self._profiled = remembered_alphas([], acc.accepted, acc.reached, MIN_REACHED)
+        if prior.acceptance is not None:
+            self._profiled = shipped_alphas
+        else:  # the timing's own drafts, where the prior ships none
+            timed_counts = PositionCounts(ctl.k_max)
+            timed_counts.add(s for s in self._steps_since(t_start) if s.profiling_requests)
+            self._profiled = remembered_alphas([], timed_counts.accepted, timed_counts.reached, MIN_REACHED)
         self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
         self._prior_note = (
             f"{prior.label}, scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter) by "
