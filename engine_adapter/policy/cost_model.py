@@ -99,7 +99,15 @@ class CostModel:
     def step_s(self, batch_size: int, k: int) -> float:
         """Seconds per step with ``batch_size`` requests drafting K each: the fitted curve scaled by
         ``k_factor`` (the module docstring says why not the measured cell), never below a smaller K's."""
-        return max(self.fit_step_s(batch_size, j) * self.k_factor(j) for j in range(k + 1))
+        return self.step_s_by_k(batch_size, k)[k]
+
+    def step_s_by_k(self, batch_size: int, k_max: int) -> list[float]:
+        """``step_s(batch_size, K)`` for K = 0..k_max, in one pass (a running maximum over K)."""
+        out: list[float] = []
+        for j in range(k_max + 1):
+            scaled = self.fit_step_s(batch_size, j) * self.k_factor(j)
+            out.append(max(scaled, out[-1]) if out else scaled)
+        return out
 
     def k_factor(self, k: int) -> float:
         """How much K's steps cost over the fitted curve, by the cells (1: none measured)."""

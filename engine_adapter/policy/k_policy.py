@@ -89,7 +89,8 @@ def risk_weighed(rate: Sequence[float]) -> list[float]:
 def best_k(cost: CostModel, alphas: Sequence[float], batch_size: int, k_max: int) -> tuple[int, list[float]]:
     """K in 0..k_max maximising E(K) / step_s(b, K) as ``risk_weighed`` weighs it, and the rate for
     each K (tokens/s per request, as the cost model predicts it: not weighed)."""
-    rate = [expected_tokens(alphas, k) / cost.step_s(batch_size, k) for k in range(k_max + 1)]
+    steps = cost.step_s_by_k(batch_size, k_max)
+    rate = [expected_tokens(alphas, k) / steps[k] for k in range(k_max + 1)]
     return best_k_of(risk_weighed(rate)), rate
 
 

@@ -29,11 +29,6 @@ def default_ks(k_max: int) -> list[int]:
     return sorted({0, 1, min(3, k_max)}, reverse=True)
 
 
-def profile_cells(batch_sizes: Sequence[int], ks: Sequence[int]) -> list[tuple[int, int]]:
-    """(batch size, K) in the order measured: batch sizes ascending, K descending within each."""
-    return [(b, k) for b in sorted(set(batch_sizes)) for k in sorted(set(ks), reverse=True)]
-
-
 @dataclass(frozen=True)
 class ProfileGrid:
     """The cells a profile measures, and the step sizes the engine pads its steps to."""
@@ -50,6 +45,7 @@ class ProfileGrid:
 
     @property
     def cells(self) -> list[tuple[int, int]]:
+        """(batch size, K) in the order measured: batch sizes ascending, K descending within each."""
         return [(b, k) for b in sorted(set(self.batch_sizes)) for k in self.ks_at(b)]
 
 

@@ -72,7 +72,6 @@ from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_mode
 from engine_adapter.policy.profile_grid import DEFAULT_BATCH_SIZES as DEFAULT_BATCH_SIZES  # re-exported
 from engine_adapter.policy.profile_grid import ProfileGrid, default_grid
 from engine_adapter.policy.profile_grid import default_ks as default_ks  # re-exported
-from engine_adapter.policy.profile_grid import profile_cells as profile_cells  # re-exported
 from engine_adapter.records import EngineStep, profile_request_id
 
 STEPS_PER_CELL = 4  # the medians' samples: pure steps in a row under one K ...

@@ -17,7 +17,6 @@ from engine_adapter.policy.profiler import (
     default_ks,
     estimate_profile_s,
     is_stable,
-    profile_cells,
 )
 from engine_adapter.records import is_profile_request, profile_request_id, visitor_count
 from tests.support.tap_records import tap_row, tap_step
@@ -46,7 +45,7 @@ def test_ks_are_profiled_highest_first_and_k0_last(k_max, ks):
     ],
 )
 def test_cells_run_batch_sizes_up_and_k_down(batch_sizes, ks, cells):
-    assert profile_cells(batch_sizes, ks) == cells
+    assert ProfileGrid(batch_sizes, ks).cells == cells
 
 
 @pytest.mark.parametrize("steps", [4, 10, 20])
@@ -60,7 +59,7 @@ def test_a_profiling_request_outlives_every_cell_of_its_batch(steps):
 def test_the_time_estimate_adds_up_the_cells_own_step_times():
     flat = CostModel(base_s=0.1, slope_s=0.0, knee_tokens=1e9)  # every step 100 ms
     grid = ProfileGrid((1, 2), tuple(default_ks(3)))
-    cells = len(profile_cells((1, 2), default_ks(3)))
+    cells = len(grid.cells)
     estimate = estimate_profile_s(flat, grid, steps_per_cell=10)
     prefills = (1 + 1 * PREFILL_STEPS_PER_REQUEST) + (1 + 2 * PREFILL_STEPS_PER_REQUEST)  # batches of 1 and 2
     assert estimate == pytest.approx(cells * (10 + SETTLE_STEPS + ACK_STEPS) * 0.1 + prefills * 0.1)
