@@ -14,7 +14,9 @@ acceptance measured so far in this sweep), ``auction`` (the scheduler tap's
 slot auction under the cost model). Every policy but ``off`` runs on ONE
 engine started for live policies (num_speculative_tokens = --k-max) and is
 switched through the control channel, without a restart; the cost model is
-profiled once (or read from the per-machine cache).
+profiled once (or read from the per-machine cache), then learns from every
+live run's steps as the app's does (``CostLearner``; said on stderr), so
+``auto`` and ``auction`` run under the model as learned so far.
 
 Policies are interleaved within each concurrency level (c=1: every policy,
 then c=2: ...), so the ones compared at a level ran minutes apart at most,

@@ -2,7 +2,8 @@
 
 Contract: ``sweep(SweepSettings)`` starts the engines it needs (a speculation-off one for
 ``off``, one live-policy engine for every other policy, switched through the control
-channel), profiles or reads the cost model, interleaves the policies within each level
+channel), profiles or reads the cost model (which then learns from every live run's steps,
+``CostLearner``, as the app's does), interleaves the policies within each level
 (where the two engines do not fit in memory together, ``fits_together``: ``off`` first on its
 engine alone, then the live policies on theirs, said on stderr) and returns the table
 ``python -m engine_adapter.sweep`` writes (one row per policy, concurrency[, category]):
@@ -41,9 +42,11 @@ from engine_adapter.measure.sweep_runs import (
 )
 from engine_adapter.measure.throughput import measure
 from engine_adapter.policy.controller import COST_POLICIES, PolicyController, PolicySpec
+from engine_adapter.policy.cost_learning import CostLearner
 from engine_adapter.policy.profile_grid import config_profile_grid
 from engine_adapter.policy.profiler import config_cache_path, load_cached, profile_engine, save_cached
 from engine_adapter.prompts import read_prompts
+from engine_adapter.records import EngineStep
 from engine_adapter.trace.format import engine_step_line
 
 
@@ -96,11 +99,20 @@ class _LivePolicies:
     controller: PolicyController
     counts: PositionCounts
     rule: AcceptanceRule = LOSSLESS
+    learner: CostLearner | None = None  # where a cost model is in force: it learns from the runs' steps
 
     async def set_rule(self, rule: AcceptanceRule) -> None:
         if rule != self.rule:
             await self.engine.client.set_acceptance(rule)
             self.rule = rule
+
+    def learn(self, steps: list[EngineStep]) -> None:
+        """The run's acceptance, and its steps into the cost model (a new fit where a cell grew)."""
+        self.counts.add(steps)  # lossless verdicts only, whatever the rule (EngineStep)
+        if self.learner is not None and (learned := self.learner.learn(steps)) is not None:
+            self.controller.cost = learned
+            n, cells = self.learner.learned_steps, self.learner.learned_cells
+            _say(f"   cost model learned from {n} engine steps in {cells} cells")
 
 
 def _live_config(settings: SweepSettings, base: dict[str, Any], live_pols: list[Policy]) -> EngineConfig:
@@ -143,9 +155,10 @@ async def _start_live(
         f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
         f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
     )
+    live.learner = CostLearner(ctl.cost, cfg.method == "draft")
     # acceptance for "auto" before anything else ran: one short pass at K = k_max
     await ctl.apply(PolicySpec("fixed", k_max))
-    live.counts.add((await run_policy(engine, prompts[:4], 4, settings.max_tokens)).steps)
+    live.learn((await run_policy(engine, prompts[:4], 4, settings.max_tokens)).steps)
     if profiled:  # again, with the acceptance that pass measured: an app with these settings starts from it
         save_cached(path, ctl.cost, live.counts)
     return live
@@ -189,7 +202,7 @@ async def _measure_level(
             else:
                 run = await run_policy(engine, batch, c, settings.max_tokens)
             if pol.spec is not None:
-                live.counts.add(run.steps)  # lossless verdicts only, whatever the rule (EngineStep)
+                live.learn(run.steps)
             if wrong := {s.rule for s in run.steps if s.num_drafted} - {rule.name}:
                 _say(f"   warning: steps verified under {sorted(wrong)} in a {rule.name} run")
             runs[(pol.name, rule.name)].append(run)

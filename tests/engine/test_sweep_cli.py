@@ -75,6 +75,7 @@ def test_sweep_cli_writes_the_csv(tiny, tmp_path):
     # every run measured a 3 s window of the steady loop (and ended with the engine idle)
     assert all(3.0 <= float(r["measured_s"]) < 4.0 for r in rows)
     assert (tmp_path / "cache" / "cost").is_dir()  # the cost model was profiled and kept
+    assert "cost model learned from" in done.stderr  # ... and learned from the live runs' steps
     assert json.loads(done.stdout.strip().splitlines()[-1])["rows"][0]["policy"] == "off"
 
 
