@@ -14,9 +14,10 @@ acceptance measured so far in this sweep), ``auction`` (the scheduler tap's
 slot auction under the cost model). Every policy but ``off`` runs on ONE
 engine started for live policies (num_speculative_tokens = --k-max) and is
 switched through the control channel, without a restart; the cost model is
-profiled once (or read from the per-machine cache), then learns from every
-live run's steps as the app's does (``CostLearner``; said on stderr), so
-``auto`` and ``auction`` run under the model as learned so far.
+profiled once (or read from the per-machine cache, which keeps the profile as
+measured), then learns from every live run's steps with ``CostLearner``, as
+the app's learns over a shipped prior (said on stderr), so ``auto`` and
+``auction`` run under the model as learned so far.
 
 Policies are interleaved within each concurrency level (c=1: every policy,
 then c=2: ...), so the ones compared at a level ran minutes apart at most,

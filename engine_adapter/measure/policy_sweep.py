@@ -2,8 +2,9 @@
 
 Contract: ``sweep(SweepSettings)`` starts the engines it needs (a speculation-off one for
 ``off``, one live-policy engine for every other policy, switched through the control
-channel), profiles or reads the cost model (which then learns from every live run's steps,
-``CostLearner``, as the app's does), interleaves the policies within each level
+channel), profiles or reads the cost model (which then learns from every live run's steps with
+``CostLearner``, as the app's learns over a shipped prior; the cache keeps the profile as measured),
+interleaves the policies within each level
 (where the two engines do not fit in memory together, ``fits_together``: ``off`` first on its
 engine alone, then the live policies on theirs, said on stderr) and returns the table
 ``python -m engine_adapter.sweep`` writes (one row per policy, concurrency[, category]):
@@ -155,12 +156,13 @@ async def _start_live(
         f"   cost model: knee {ctl.cost.knee_tokens:.0f} tokens, base {ctl.cost.base_s * 1e3:.1f} ms, "
         f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
     )
-    live.learner = CostLearner(ctl.cost, cfg.method == "draft")
+    profile = ctl.cost
+    live.learner = CostLearner(profile, cfg.method == "draft")
     # acceptance for "auto" before anything else ran: one short pass at K = k_max
     await ctl.apply(PolicySpec("fixed", k_max))
     live.learn((await run_policy(engine, prompts[:4], 4, settings.max_tokens)).steps)
     if profiled:  # again, with the acceptance that pass measured: an app with these settings starts from it
-        save_cached(path, ctl.cost, live.counts)
+        save_cached(path, profile, live.counts)  # the profile's cells as measured, not the learned fit
     return live
 
 

@@ -194,9 +194,10 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
 
     The engine's tokens/s swings 6-9 % from one 13 s window to the next, so the windows come in
     ABBA rounds and the count grows with doubt: two rounds, a third where their ratio of the means
-    is under 0.95 (six windows of each hold it to about 4 %), and three more where it is still under
-    0.9 (the twelve of each decide). With vLLM's API server at the engine's nice the flood's windows
-    ran 0.62-0.84 of the burner's (docs/benchmarks.md, "The polling flood")."""
+    is under 0.95 or the app's extra cores over half their bound (six windows of each hold the ratio
+    to about 4 %), and three more where the ratio is still under 0.9 (the twelve of each decide).
+    With vLLM's API server at the engine's nice the flood's windows ran 0.62-0.84 of the burner's
+    (docs/benchmarks.md, "The polling flood")."""
     others = [pid for pid in processes_mentioning("app.py --port") if pid != public.app.proc.pid]
     assert not others, f"another app shares the cores with this measurement: {describe(others)}"
     loader = public.visitor("198.51.100.40")
@@ -244,9 +245,12 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
     def rate_ratio() -> float:
         return mean("flood", 0) / mean("burn", 0)
 
+    def app_extra_cores() -> float:
+        return mean("flood", 1) - mean("burn", 1)
+
     try:
         measure_abba(2)
-        if rate_ratio() < 0.95:
+        if rate_ratio() < 0.95 or app_extra_cores() > 0.05 * mean("burn", 2):  # either bound in doubt
             measure_abba(1)
         if rate_ratio() < 0.9:
             measure_abba(3)
@@ -254,7 +258,7 @@ def test_a_polling_flood_costs_the_engine_little_beyond_the_flooders_own_cpu(pub
         loader.predict(0, api_name="/set_load")
 
     ratio = rate_ratio()
-    app_extra = mean("flood", 1) - mean("burn", 1)
+    app_extra = app_extra_cores()
     print(
         f"windows (tokens/s, app cores, engine cores) {windows}; tokens/s ratio {ratio:.3f}, "
         f"app's extra cores {app_extra:.3f}; floods {floods}"

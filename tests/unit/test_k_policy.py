@@ -323,6 +323,19 @@ def test_step_time_never_falls_as_k_rises():
     assert steps == sorted(steps) and steps[3] == steps[1]  # K=3's cheap cells do not undercut K=1's
 
 
+@pytest.mark.parametrize("batch_size", [1, 3, 16])
+def test_each_ks_step_time_is_the_dearest_scaled_fit_at_or_below_it(batch_size):
+    # K=2's cells read 40 % over the fit, K=4's 20 % under it, K=5's 10 % over: one pass per batch size
+    fit = CostModel(0.1, 0.005, 4, draft_s=0.02, first_s=0.03, draft_s_per_req=0.001)
+    cells = [(1, 2, 1.4), (4, 2, 1.4), (1, 4, 0.8), (1, 5, 1.1)]
+    model = replace(fit, points=tuple(CostPoint(b, k, b * (k + 1), r * fit.fit_step_s(b, k), 40) for b, k, r in cells))
+    scaled = [model.fit_step_s(batch_size, k) * model.k_factor(k) for k in range(6)]
+    expected = [max(scaled[: k + 1]) for k in range(6)]
+    assert model.step_s_by_k(batch_size, 5) == expected
+    assert [model.step_s(batch_size, k) for k in range(6)] == expected
+    assert expected[4] == max(scaled[:4]) > scaled[4]  # K=4's cheap cells do not undercut a smaller K
+
+
 @pytest.mark.parametrize("acceptance", [0.9, 0.7, 0.5])
 def test_the_auto_table_never_zig_zags_on_a_noisy_grid(acceptance):
     # cells as measured on 2 CPU cores (packaged pair, float32): K=3 at b=1 read 11 % slow
