@@ -16,7 +16,7 @@ engine started for live policies (num_speculative_tokens = --k-max) and is
 switched through the control channel, without a restart; the cost model is
 profiled once (or read from the per-machine cache, which keeps the profile as
 measured), then learns from every live run's steps with ``CostLearner``, as
-the app's learns over a shipped prior (said on stderr), so ``auto`` and
+the app's learns from its traffic (said on stderr), so ``auto`` and
 ``auction`` run under the model as learned so far.
 
 Policies are interleaved within each concurrency level (c=1: every policy,

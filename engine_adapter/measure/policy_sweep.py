@@ -3,7 +3,7 @@
 Contract: ``sweep(SweepSettings)`` starts the engines it needs (a speculation-off one for
 ``off``, one live-policy engine for every other policy, switched through the control
 channel), profiles or reads the cost model (which then learns from every live run's steps with
-``CostLearner``, as the app's learns over a shipped prior; the cache keeps the profile as measured),
+``CostLearner``, as the app's does; the cache keeps the profile as measured),
 interleaves the policies within each level
 (where the two engines do not fit in memory together, ``fits_together``: ``off`` first on its
 engine alone, then the live policies on theirs, said on stderr) and returns the table

@@ -1,17 +1,19 @@
 """A cost model that keeps learning from the engine's own steps.
 
-Contract: ``CostLearner(base, drafter_runs_model)``: ``base`` is the model to start from (a
-shipped prior scaled to this machine, ``cost_prior.scale_prior``). ``learn(steps)`` takes the
-engine's steps of one engine, in the order they ran (each counted once however often passed:
-by ``seq``) and keeps, per (batch size, K) cell, the tokens and step period (the tap's
-``interval_s``, as the profiler times its cells) of the steps ``counts`` admits: decode steps
-of the steady loop, the last ``MAX_KEPT`` of each. It returns a new fit when a cell reached
-``MIN_LEARN_SAMPLES`` steps or grew since the last fit, else None: the base's cells, scaled by the learned ones
+Contract: ``CostLearner(base, drafter_runs_model, after_seq=-1)``: ``base`` is the model to
+start from (a shipped prior scaled to this machine, ``cost_prior.scale_prior``; a profile
+measured by this launch or cached by an earlier one); steps up to ``after_seq`` are the base's
+own (a profile's) and never learned. ``learn(steps)`` takes the engine's steps of one engine,
+in the order they ran (each counted once however often passed: by ``seq``) and keeps, per
+(batch size, K) cell, the tokens and step period (the tap's ``interval_s``, as the profiler
+times its cells) of the steps ``counts`` admits: decode steps of the steady loop, the last
+``MAX_KEPT`` of each. It returns a new fit when a cell reached ``MIN_LEARN_SAMPLES`` steps or
+grew since the last fit, else None: the base's cells, scaled by the learned ones
 (``cost_prior.scale_prior``: a cell not yet reached follows the machine the others measured),
 with every learned cell in place of the base's own for the same (batch size, K), each weighted
-by its steps (the base's count as ``BASE_SAMPLES``). ``learned_steps`` and ``learned_cells`` say how much it rests on.
-``unreached(cells)`` lists the cells no traffic has filled yet: what idle time may measure
-(``live_state.LivePolicy.start_filling``).
+by its steps (the base's count as ``BASE_SAMPLES``). ``learned_steps`` and ``learned_cells``
+say how much it rests on. ``unreached(cells)`` lists the cells no traffic has filled yet: what
+idle time may measure (``live_state.LivePolicy.start_filling``).
 """
 
 from __future__ import annotations
@@ -31,13 +33,13 @@ MAX_INTERVAL_OVER_WALL = 2.0  # a step whose period is longer than this many tim
 
 
 class CostLearner:
-    def __init__(self, base: CostModel, drafter_runs_model: bool) -> None:
+    def __init__(self, base: CostModel, drafter_runs_model: bool, after_seq: int = -1) -> None:
         self.base = base
         self.drafter_runs_model = drafter_runs_model
         self._cells: dict[tuple[int, int], collections.deque[tuple[int, float]]] = {}  # (tokens, seconds)
         self._added: collections.Counter[tuple[int, int]] = collections.Counter()  # steps ever added, per cell
         self._fitted: dict[tuple[int, int], int] = {}  # ... as of the last fit
-        self._last_seq = -1
+        self._last_seq = after_seq
         self.learned_steps = 0
         self.learned_cells = 0  # cells with MIN_LEARN_SAMPLES steps (a plain int: the page reads it)
 

@@ -7,11 +7,12 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
 
 - at ``engine_ready`` the cost model comes from the on-disk cache for this
   (models, method, machine); else from a shipped prior for this CPU kind and dtype
-  (``cost_prior``), scaled to this machine by timing two cells (seconds), and from then on
-  learning from the engine's own steps every ``LEARN_S`` (``cost_learning``); else it is
+  (``cost_prior``), scaled to this machine by timing two cells (seconds); else it is
   measured right away: ``engine_ready`` returns only when it is done, so the service says
   ready (and takes visitors' requests) only after it; ``view()`` shows the progress and the
-  cells measured so far meanwhile, and ``cost_note`` where a prior's model stands. Then the
+  cells measured so far meanwhile. Whatever its source, the model then learns from the
+  engine's own steps every ``learn_s`` seconds (``cost_learning``; a profile's own steps are not
+  learned twice), and ``cost_note`` says where it came from and what it learned. Then the
   start policy is applied: ``default_policy`` ("auto" or "auction"; "configured" = the
   config's fixed K or K table);
 - ``measure`` profiles again on demand (the caller keeps visitors out while it
@@ -24,12 +25,12 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   the cache, then every window's): a window without drafts keeps the last
   measurement, which fades back to the profile's over ``MEMORY_FADE_S`` (so a
   spell of hard text that put K at 0 everywhere does not keep it there for good);
-- with a shipped prior's model, ``start_filling()`` measures one grid cell traffic has not
-  reached (``CostLearner.unreached``) with profiling requests of its own, and the learner takes
-  its steps; the service calls it only while nobody else uses the engine and ``await
-  stop_filling()`` before anyone's request goes in: it cancels the cell (its requests are
-  aborted, the policy in force is applied again) and returns once the engine runs none of them
-  (``view().filling`` says which cell runs meanwhile);
+- with a shipped prior's model (cells no one measured on this machine), ``start_filling()``
+  measures one grid cell traffic has not reached (``CostLearner.unreached``) with profiling
+  requests of its own, and the learner takes its steps; the service calls it only while nobody
+  else uses the engine and ``await stop_filling()`` before anyone's request goes in: it cancels
+  the cell (its requests are aborted, the policy in force is applied again) and returns once the
+  engine runs none of them (``view().filling`` says which cell runs meanwhile);
 - ``changes`` records every policy applied: (monotonic t, spec dict), and through ``note`` the
   service's other engine-wide switches (the acceptance rule: ``{"acceptance": rule dict}``).
 
@@ -70,7 +71,7 @@ from engine_adapter.records import EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
-LEARN_S = 30.0  # seconds between two refits of a shipped prior's model from the engine's steps
+LEARN_S = 30.0  # seconds between two refits of the cost model from the engine's steps
 FILL_TRIES = 2  # idle-time measurements of one cell before it is left to traffic (its steps may not count)
 GONE_TIMEOUT_S = 10.0  # stop_filling waits at most this long for the engine to drop the cell's requests
 GONE_SETTLE_S = 0.15  # ... and at least this long: a request the cell had just sent may yet reach the engine
@@ -97,7 +98,7 @@ class PolicyView:
     auto_preview: AutoTable | None = None
     # seconds a new profile would keep visitors waiting (from the cost model; None: unknown)
     profile_estimate_s: float | None = None
-    # a shipped prior's model: where it came from, how it was scaled, what it learned since
+    # where the cost model came from (a shipped prior: how it was scaled), what it learned since
     cost_note: str | None = None
     # the cell measured in idle time now ("4 requests x K=3"), its requests in the engine's count
     filling: str | None = None
@@ -116,6 +117,7 @@ class LivePolicy:
         *,
         window_s: float = 60.0,
         rederive_s: float = 5.0,
+        learn_s: float = LEARN_S,
         profile_kwargs: dict | None = None,
         default_policy: str = "configured",
     ) -> None:
@@ -126,6 +128,7 @@ class LivePolicy:
         self._prompts = list(prompts) or ["Write a short story about a robot."]
         self.window_s = window_s
         self.rederive_s = rederive_s
+        self.learn_s = learn_s
         self.profile_kwargs = profile_kwargs or {}
         self.controller: PolicyController | None = None
         self.changes: collections.deque[tuple[float, dict]] = collections.deque(maxlen=200)
@@ -134,7 +137,8 @@ class LivePolicy:
         self._cache_path: Path | None = None  # its cost model's cache file (``config_cache_path``)
         self._why_not: str | None = "no engine"
         self._cost_source: str | None = None
-        self._prior_note: str | None = None  # the shipped prior and its scaling (``_start_from_prior``)
+        self._base_source: str | None = None  # where the model the learner started from came from
+        self._base_note: str | None = None  # ... in the page's words (``_start_learning``)
         self._learner: CostLearner | None = None
         self._learned_t = 0.0
         self._profiling: str | None = None
@@ -183,6 +187,8 @@ class LivePolicy:
         self.changes.append((time.monotonic(), spec.to_dict()))
         ctl.cost = load_cached(self._cache_path, config.method == "draft")
         self._cost_source = "cache" if ctl.cost else None
+        if ctl.cost is not None:
+            self._start_learning(ctl.cost, "cache", "measured earlier on this machine (cache)")
         measured = load_cached_acceptance(self._cache_path) if ctl.cost else None
         self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED) if measured else []
         self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
@@ -206,7 +212,7 @@ class LivePolicy:
         self._profiling = None
         self._measured = None
         self._pending = None
-        self._learner, self._prior_note = None, None
+        self._learner, self._base_source, self._base_note = None, None, None
         self._fill_task, self._fill_measuring, self._filling = None, None, None
         self._fill_tries.clear()
         self._why_not = "no engine"
@@ -293,9 +299,15 @@ class LivePolicy:
             )
             ctl.cost = cost
             self._cost_source = "profiled"
-            self._learner, self._prior_note = None, None  # measured here: the prior is set aside
+            profile_steps = self._steps_since(t_start)
+            self._start_learning(
+                cost,
+                "profiled",
+                "measured on this machine by this launch",
+                after_seq=profile_steps[-1].seq if profile_steps else -1,
+            )  # a prior in force before is set aside
             measured = PositionCounts(ctl.k_max)  # the profile's own drafts: what a later launch starts from
-            measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
+            measured.add(s for s in profile_steps if s.profiling_requests)
             self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
             self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
             save_cached(self._cache_path, cost, measured)
@@ -342,7 +354,6 @@ class LivePolicy:
             self._profiling = None
         try:
             cost, verify, draft = scale_prior(prior.cost, points)
-            learner = CostLearner(cost, cfg.method == "draft")
         except Exception as e:  # a broken prior: measured as if none were shipped
             self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
             return
@@ -353,21 +364,28 @@ class LivePolicy:
             timed_counts.add(s for s in self._steps_since(t_start) if s.profiling_requests)
             self._profiled = remembered_alphas([], timed_counts.accepted, timed_counts.reached, MIN_REACHED)
         self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
-        self._prior_note = (
+        note = (
             f"{prior.label}, scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter) by "
             f"{len(points)} timed cells on this machine"
         )
-        self._learner, self._learned_t = learner, time.monotonic()
+        self._start_learning(cost, "shipped", note)
         ctl.cost, self._cost_source = cost, "shipped"
 
+    def _start_learning(self, base: CostModel, source: str, note: str, after_seq: int = -1) -> None:
+        """From now on ``base`` (from ``source``: "shipped", "cache" or "profiled", said on the page as
+        ``note``) learns from the engine's steps after ``after_seq`` (``_learn``)."""
+        self._learner = CostLearner(base, self._config.method == "draft", after_seq)
+        self._learned_t = time.monotonic()
+        self._base_source, self._base_note = source, note
+
     async def _learn(self) -> None:
-        """Refit the prior's model with the cells the engine's steps measured since the last refit; a
+        """Refit the cost model with the cells the engine's steps measured since the last refit; a
         slot policy in force takes the new model at once (the engine holds a copy of it). A failure
         is said on the page and ends the learning, never the policy loop."""
         learner, ctl = self._learner, self.controller
         since, self._learned_t = self._learned_t, time.monotonic()
         try:
-            learned = learner.learn(self._steps_since(since - LEARN_S))  # overlap: ``learn`` counts each step once
+            learned = learner.learn(self._steps_since(since - self.learn_s))  # overlap: ``learn`` counts each step once
             if learned is None or ctl is None:
                 return
             ctl.cost, self._cost_source = learned, "learned"
@@ -380,7 +398,7 @@ class LivePolicy:
             self._learner, self._error = None, f"learning the cost model stopped: {e}"
 
     def _cost_note(self) -> str | None:
-        note, learner, filling = self._prior_note, self._learner, self._filling  # read once: the loop may clear them
+        note, learner, filling = self._base_note, self._learner, self._filling  # read once: the loop may clear them
         if note is None or learner is None:
             return note
         cells = learner.learned_cells
@@ -402,7 +420,7 @@ class LivePolicy:
         ctl = self.controller
         if ctl is None or ctl.state is None or self._profiling is not None or self.filling_now():
             return False
-        todo = self.fill_left()  # none without a learner
+        todo = self.fill_left()  # none but over a shipped prior
         if not todo:
             return False
         self._fill_tries[todo[0]] += 1
@@ -413,9 +431,10 @@ class LivePolicy:
 
     def fill_left(self) -> list[tuple[int, int]]:
         """The grid's cells idle time may still measure: not reached by the learner, not yet tried
-        ``FILL_TRIES`` times (none without a shipped prior's learner)."""
+        ``FILL_TRIES`` times; none but over a shipped prior (a profile's cells were all measured on
+        this machine: traffic refreshes the ones it reaches)."""
         learner, grid = self._learner, self._grid
-        if learner is None or grid is None:
+        if learner is None or grid is None or self._base_source != "shipped":
             return []
         return [cell for cell in learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
 
@@ -508,7 +527,7 @@ class LivePolicy:
             if ctl is None or self._profiling is not None or self._filling is not None or ctl.state is None:
                 continue  # a measurement switches K itself: no table sent meanwhile
             self.remember_window()
-            if self._learner is not None and time.monotonic() - self._learned_t >= LEARN_S:
+            if self._learner is not None and time.monotonic() - self._learned_t >= self.learn_s:
                 await self._learn()
             if ctl.state.spec.kind != "auto" or self._filling is not None:
                 continue

@@ -184,10 +184,10 @@ def policy_status_markdown(v: PolicyView) -> str:
     if v.profiling:
         parts.append(f"◐ **Measuring the cost model:** {v.profiling}. A policy chosen now applies when it ends.")
     elif v.cost is not None:
-        source = {
-            "profiled": "measured now",
+        source = v.cost_note or {
+            "profiled": "measured on this machine by this launch",
             "cache": "measured earlier on this machine (cache)",
-        }.get(v.cost_source or "", v.cost_note or "source unknown")
+        }.get(v.cost_source or "", "source unknown")
         parts.append(
             f"Cost model: {source}; {len(v.cost.points)} cells in its fit, knee ≈ {v.cost.knee_tokens:.0f} "
             "tokens per step."

@@ -1,14 +1,17 @@
 """A cold start on tiny engines (no cost model cached): the cost model is measured before the
 service takes visitors' requests, no visitor request shares a profiling step, the start policy
-(auto) is in force afterwards, and measuring again waits for the requests in flight."""
+(auto) is in force afterwards, the measured model learns from traffic, and measuring again waits
+for the requests in flight."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import pytest
 
+from engine_adapter.policy.cost_learning import CostLearner
 from engine_adapter.policy.profile_grid import default_grid
 from engine_adapter.records import RequestResult
 from engine_adapter.service.engine_service import EngineService
@@ -36,8 +39,11 @@ def cold_service(tiny, tmp_path_factory):
     mp = pytest.MonkeyPatch()
     mp.setenv("SPEC_EXPLORER_CACHE", str(tmp_path_factory.mktemp("cold-cache")))  # no cost model there
     # remeasure_interval_s=0: this module measures again at once (the app keeps MIN_REMEASURE_INTERVAL_S)
+    # learn_s=2: the model learns from traffic within seconds (the app refits every LEARN_S)
     svc = EngineService(
-        background_prompts=BG_PROMPTS, policy_options={"default_policy": "auto"}, remeasure_interval_s=0.0
+        background_prompts=BG_PROMPTS,
+        policy_options={"default_policy": "auto", "learn_s": 2.0},
+        remeasure_interval_s=0.0,
     )
     seen: list[tuple[str, str | None, str | None]] = []  # (state, progress stage, policy cost source)
     # a draft equal to the target: drafting pays at every batch size, so auto drafts
@@ -71,6 +77,21 @@ def test_the_first_request_after_ready_drafts(cold_service):
     result = asyncio.run(_run(svc, "def fibonacci(n):", 32))
     assert "accepted" in result.kinds, result.kinds
     assert _profiling_steps_hold_only_profiling_requests(svc) > 0
+
+
+def test_the_measured_model_learns_from_traffic_and_not_from_its_own_profile(cold_service):
+    svc, _ = cold_service
+    asyncio.run(_run(svc, "def fibonacci(n):", 96))
+    deadline = time.monotonic() + 30
+    while "learned since from" not in (svc.policy_view().cost_note or "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    note = svc.policy_view().cost_note or ""
+    learned = re.search(r"^measured on this machine by this launch; learned since from ([\d,]+) engine steps", note)
+    assert learned, note
+    assert svc.policy_view().cost_source == "learned"
+    # a refit reads the last learn_s seconds again: without after_seq the profile's last steps would count
+    traffic = [s for s in svc.steps_since(0.0) if not s.profiling_requests and CostLearner.counts(s)]
+    assert 8 <= int(learned[1].replace(",", "")) <= len(traffic), (note, len(traffic))
 
 
 def test_measuring_again_waits_for_requests_and_refuses_new_ones(cold_service):

@@ -156,6 +156,17 @@ def test_the_learner_replaces_the_priors_cells_with_the_engines_own():
     assert learner.learned_steps == MIN_LEARN_SAMPLES - 1 + 160
 
 
+def test_a_profiles_own_steps_are_not_learned_again():
+    machine = shifted(TRUE, 1.25, 0.9)
+    profile_steps = steps_on(TRUE, {(1, 3): 20, (4, 3): 20})  # seq 0-39: what the base was fitted from
+    learner = CostLearner(PRIOR, drafter_runs_model=True, after_seq=profile_steps[-1].seq)
+    assert learner.learn(profile_steps) is None and learner.learned_steps == 0
+    traffic = steps_on(machine, {(1, 3): 12}, start=40)
+    learned = learner.learn(profile_steps + traffic)  # a window reaching back into the profile
+    assert learned is not None and learner.learned_steps == 12 and learner.learned_cells == 1
+    assert learned.step_s(1, 3) == pytest.approx(machine.fit_step_s(1, 3), rel=0.05)
+
+
 def test_the_learner_leaves_out_prefill_and_steps_after_idle_time():
     learner = CostLearner(PRIOR, drafter_runs_model=True)
     prefill = [replace(s, num_tokens=s.num_tokens + 30) for s in steps_on(TRUE, {(2, 3): 20})]
@@ -167,13 +178,16 @@ def test_the_learner_leaves_out_prefill_and_steps_after_idle_time():
     assert next(p for p in learned.points if (p.batch_size, p.k) == (4, 3)).num_tokens == 15
 
 
-def test_the_page_names_where_a_shipped_cost_model_stands():
+def test_the_page_names_where_the_cost_model_stands():
     note = "shipped for AVX2 in float32 (measured on X), scaled ×1.10 (verification) and ×0.90 (drafter)"
     view = PolicyView(True, None, None, PRIOR, "learned", None, None, None, 5, [0.8], cost_note=note)
     text = policy_status_markdown(view)
     assert f"Cost model: {note}; {len(PRIOR.points)} cells in its fit" in text
     cached = policy_status_markdown(replace(view, cost_source="cache", cost_note=None))
     assert "measured earlier on this machine (cache)" in cached
+    profiled_note = "measured on this machine by this launch; learned since from 120 engine steps in 2 cells"
+    profiled = policy_status_markdown(replace(view, cost_source="learned", cost_note=profiled_note))
+    assert f"Cost model: {profiled_note}; {len(PRIOR.points)} cells in its fit" in profiled
     plain_ms = PRIOR.step_s(1, 0) * 1e3
     assert f"The machine's part: a plain step takes {plain_ms:.0f} ms; at K=1 a draft pass costs" in text
 
