@@ -11,7 +11,11 @@ times its cells) of the steps ``counts`` admits: decode steps of the steady loop
 grew since the last fit, else None: the base's cells, scaled by the learned ones
 (``cost_prior.scale_prior``: a cell not yet reached follows the machine the others measured),
 with every learned cell in place of the base's own for the same (batch size, K), each weighted
-by its steps (the base's count as ``BASE_SAMPLES``). ``learned_steps`` and ``learned_cells``
+by its steps (the base's count as ``BASE_SAMPLES``) up to ``FIT_WEIGHT_SAMPLES`` in the fit of the
+straight lines, all of them in the per-K factor (``cost_model.CostModel.k_factor``): the lines
+take the machine's shape from every cell, and what a K costs over them (a CPU's top draft
+passes) stays at that K instead of tilting the lines, which priced the Ks between dear or
+cheap where two heavy cells disagreed with the line. ``learned_steps`` and ``learned_cells``
 say how much it rests on. ``unreached(cells)`` lists the cells no traffic has filled yet: what
 idle time may measure (``live_state.LivePolicy.start_filling``).
 """
@@ -29,6 +33,7 @@ from engine_adapter.records import EngineStep
 MIN_LEARN_SAMPLES = 8  # steps before a cell counts (a CPU step's time varies 5-10 %)
 MAX_KEPT = 400  # steps kept per cell: the newest describe the machine as it is
 BASE_SAMPLES = 4  # the weight of each of the base's cells (a profile's cell holds 4-8 steps)
+FIT_WEIGHT_SAMPLES = 8  # a learned cell's steps counted in the lines' fit (twice a base cell's)
 MAX_INTERVAL_OVER_WALL = 2.0  # a step whose period is longer than this many times its own time followed idle time
 
 
@@ -87,4 +92,4 @@ class CostLearner:
             if (p.batch_size, p.k) not in ready
         ]
         points = sorted([*kept, *learned], key=lambda p: (p.batch_size, p.k))
-        return fit_cost_model(points, self.drafter_runs_model, self.base.capture_sizes)
+        return fit_cost_model(points, self.drafter_runs_model, self.base.capture_sizes, FIT_WEIGHT_SAMPLES)

@@ -186,10 +186,14 @@ def _nonneg_lstsq(a: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 def fit_cost_model(
-    points: Sequence[CostPoint], drafter_runs_model: bool = False, capture_sizes: Sequence[int] = ()
+    points: Sequence[CostPoint],
+    drafter_runs_model: bool = False,
+    capture_sizes: Sequence[int] = (),
+    max_weight_samples: int | None = None,
 ) -> CostModel:
     """Fit the hinge (and drafter) model to measured cells, their tokens padded up to ``capture_sizes``
-    (tokens per step; () = none); see the module docstring."""
+    (tokens per step; () = none); see the module docstring. A cell weighs sqrt(samples) in the fit,
+    its samples counted up to ``max_weight_samples`` where given (``k_factor`` reads them all)."""
     if not points:
         raise ValueError("no measured steps to fit a cost model to")
     sizes = tuple(sorted(set(capture_sizes)))
@@ -197,7 +201,8 @@ def fit_cost_model(
     y = np.array([p.step_s for p in points], dtype=float)
     k = np.array([p.k for p in points], dtype=float)
     b = np.array([p.batch_size for p in points], dtype=float)
-    w = np.sqrt(np.array([p.samples for p in points], dtype=float))  # cells with more steps weigh more
+    samples = [p.samples if max_weight_samples is None else min(p.samples, max_weight_samples) for p in points]
+    w = np.sqrt(np.array(samples, dtype=float))  # cells with more steps weigh more
     best: tuple[float, float, np.ndarray] | None = None
     for knee in sorted({0.0, *n.tolist()}):
         cols = [np.ones_like(n), np.maximum(0.0, n - knee)]

@@ -25,12 +25,14 @@ from engine_adapter.policy.cost_prior import (
 )
 from engine_adapter.policy.k_policy import derive_auto_table, one_request_outlook
 from engine_adapter.policy.live_state import PolicyView
+from engine_adapter.policy.profile_grid import default_grid
 from engine_adapter.records import EngineStep
 from explorer.views.status import policy_status_markdown
 
 # a CPU-like machine: flat to 4 tokens per step, then rising; a draft model's passes on top
 TRUE = CostModel(base_s=0.20, slope_s=0.012, knee_tokens=4, draft_s=0.03, draft_s_per_req=0.002, first_s=0.04)
 GRID = [(b, k) for b in (1, 4, 16) for k in (3, 1, 0)]
+GRID5 = default_grid(5).cells  # the profile's cells with K up to 5
 
 
 def cells(model: CostModel) -> list[CostPoint]:
@@ -220,3 +222,19 @@ def test_a_k_dearer_than_the_per_pass_line_is_learned_and_left():
     for k in (0, 1, 3):
         assert learned.step_s(1, k) == pytest.approx(line.fit_step_s(1, k), rel=0.05), k
     assert derive_auto_table(learned, alphas, 5, 4).k_by_batch[0] == 3
+
+
+def test_two_heavy_cells_off_the_per_pass_line_do_not_tilt_the_ks_between():
+    # the drafter's passes on a straight line up to K=4 and K=5's steps 30 % dearer (a CPU's top draft
+    # passes); traffic learned hundreds of steps at K=3 and K=5 for one request. Weighed by all their
+    # steps, the two cells tilted the lines: K=1 and 2 priced far too cheap, and the auto table fell
+    # to K=1 at every batch size (0.68 of the best rate at acceptance 0.9)
+    line = CostModel(base_s=0.228, slope_s=0.012, knee_tokens=6, draft_s=0.04, draft_s_per_req=0.004, first_s=0.05)
+    profile = fit_cost_model([CostPoint(b, k, b * (k + 1), line.fit_step_s(b, k), 4) for b, k in GRID5], True)
+    at_k5 = [replace(s, wall_s=s.wall_s * 1.3, interval_s=s.interval_s * 1.3) for s in steps_on(line, {(1, 5): 300})]
+    learned = CostLearner(profile, drafter_runs_model=True).learn(at_k5 + steps_on(line, {(1, 3): 300}, start=300))
+    assert learned is not None
+    assert learned.step_s(1, 5) == pytest.approx(1.3 * line.fit_step_s(1, 5), rel=0.05)
+    for k in (0, 1, 2, 3):
+        assert learned.step_s(1, k) == pytest.approx(line.fit_step_s(1, k), rel=0.07), k
+    assert derive_auto_table(learned, [0.9] * 5, 5, 16).k_by_batch[:4] == [3, 3, 3, 3]
