@@ -157,7 +157,7 @@ async def _start_live(
         f"+{ctl.cost.slope_s * 1e3:.2f} ms/token"
     )
     profile = ctl.cost
-    live.learner = CostLearner(profile, cfg.method == "draft")
+    live.learner = CostLearner(profile, cfg.method == "draft", learns_profiling=False)
     # acceptance for "auto" before anything else ran: one short pass at K = k_max
     await ctl.apply(PolicySpec("fixed", k_max))
     live.learn((await run_policy(engine, prompts[:4], 4, settings.max_tokens)).steps)

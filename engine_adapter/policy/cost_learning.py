@@ -1,23 +1,25 @@
 """A cost model that keeps learning from the engine's own steps.
 
-Contract: ``CostLearner(base, drafter_runs_model, after_seq=-1)``: ``base`` is the model to
-start from (a shipped prior scaled to this machine, ``cost_prior.scale_prior``; a profile
-measured by this launch or cached by an earlier one); steps up to ``after_seq`` are the base's
-own (a profile's) and never learned. ``learn(steps)`` takes the engine's steps of one engine,
-in the order they ran (each counted once however often passed: by ``seq``) and keeps, per
-(batch size, K) cell, the tokens and step period (the tap's ``interval_s``, as the profiler
-times its cells) of the steps ``counts`` admits: decode steps of the steady loop, the last
-``MAX_KEPT`` of each. It returns a new fit when a cell reached ``MIN_LEARN_SAMPLES`` steps or
-grew since the last fit, else None: the base's cells, scaled by the learned ones
+Contract: ``CostLearner(base, drafter_runs_model, learns_profiling=True, fit_weight_samples)``:
+``base`` is the model to start from (a shipped prior scaled to this machine,
+``cost_prior.scale_prior``; a profile measured by this launch or cached by an earlier one); steps
+that carry the profiler's requests are learned only with ``learns_profiling`` (a shipped prior's
+timed and idle-time cells), never over a profile, whose own steps they are. ``learn(steps)``
+takes the engine's steps of one engine, in the order they ran (each counted once however often
+passed: by ``seq``) and keeps, per (batch size, K) cell, the tokens and step period (the tap's
+``interval_s``, as the profiler times its cells) of the steps ``counts`` admits: decode steps
+of the steady loop, the last ``MAX_KEPT`` of each. It returns a new fit when a cell reached
+``MIN_LEARN_SAMPLES`` steps or grew since the last fit, else None: the base's cells, scaled by
+the learned ones
 (``cost_prior.scale_prior``: a cell not yet reached follows the machine the others measured),
 with every learned cell in place of the base's own for the same (batch size, K), each weighted
-by its steps (the base's count as ``BASE_SAMPLES``) up to ``FIT_WEIGHT_SAMPLES`` in the fit of the
+by its steps (the base's count as ``BASE_SAMPLES``) up to ``fit_weight_samples`` in the fit of the
 straight lines, all of them in the per-K factor (``cost_model.CostModel.k_factor``): the lines
 take the machine's shape from every cell, and what a K costs over them (a CPU's top draft
-passes) stays at that K instead of tilting the lines, which priced the Ks between dear or
-cheap where two heavy cells disagreed with the line. ``learned_steps`` and ``learned_cells``
-say how much it rests on. ``unreached(cells)`` lists the cells no traffic has filled yet: what
-idle time may measure (``live_state.LivePolicy.start_filling``).
+passes) stays at that K; two heavy cells off the per-pass line, weighed by all their steps,
+would tilt the lines and misprice every K between them (``scripts/cost_learning_eval.py``).
+``learned_steps`` and ``learned_cells`` say how much it rests on. ``unreached(cells)`` lists the
+cells no traffic has filled yet: what idle time may measure (``live_state.LivePolicy.start_filling``).
 """
 
 from __future__ import annotations
@@ -38,13 +40,21 @@ MAX_INTERVAL_OVER_WALL = 2.0  # a step whose period is longer than this many tim
 
 
 class CostLearner:
-    def __init__(self, base: CostModel, drafter_runs_model: bool, after_seq: int = -1) -> None:
+    def __init__(
+        self,
+        base: CostModel,
+        drafter_runs_model: bool,
+        learns_profiling: bool = True,
+        fit_weight_samples: int | None = FIT_WEIGHT_SAMPLES,
+    ) -> None:
         self.base = base
+        self.fit_weight_samples = fit_weight_samples  # None: a learned cell weighs all its steps in the fit
         self.drafter_runs_model = drafter_runs_model
         self._cells: dict[tuple[int, int], collections.deque[tuple[int, float]]] = {}  # (tokens, seconds)
         self._added: collections.Counter[tuple[int, int]] = collections.Counter()  # steps ever added, per cell
         self._fitted: dict[tuple[int, int], int] = {}  # ... as of the last fit
-        self._last_seq = after_seq
+        self.learns_profiling = learns_profiling
+        self._last_seq = -1
         self.learned_steps = 0
         self.learned_cells = 0  # cells with MIN_LEARN_SAMPLES steps (a plain int: the page reads it)
 
@@ -65,7 +75,7 @@ class CostLearner:
             if s.seq <= self._last_seq:
                 continue
             self._last_seq = s.seq
-            if self.counts(s):
+            if self.counts(s) and (self.learns_profiling or not s.profiling_requests):
                 cell = (s.batch_size, s.k)
                 self._cells.setdefault(cell, collections.deque(maxlen=MAX_KEPT)).append((s.num_tokens, s.interval_s))
                 self._added[cell] += 1
@@ -92,4 +102,4 @@ class CostLearner:
             if (p.batch_size, p.k) not in ready
         ]
         points = sorted([*kept, *learned], key=lambda p: (p.batch_size, p.k))
-        return fit_cost_model(points, self.drafter_runs_model, self.base.capture_sizes, FIT_WEIGHT_SAMPLES)
+        return fit_cost_model(points, self.drafter_runs_model, self.base.capture_sizes, self.fit_weight_samples)

@@ -152,17 +152,24 @@ def _clamp(x: float) -> float:
 def scale_prior(cost: CostModel, timed: list[CostPoint]) -> tuple[CostModel, float, float]:
     """The prior scaled to this machine by timed cells (``timing_grid``'s, or any measured ones), and
     the verification and drafter factors: the median measured/predicted ratio of the K=0 cells, and
-    of what the K>0 cells leave for the drafter's passes; a kind of cell not timed leaves its factor at 1."""
+    of what the K>0 cells leave for the drafter's passes. With no K=0 cell both take the K>0 cells'
+    median measured/predicted step (a drafting step's time cannot say which part moved, and a
+    machine slower or faster as a whole is the likelier: ``scripts/cost_learning_eval.py``); with
+    no drafting cell the drafter's factor stays 1."""
     plain = [
         p.step_s / cost.fit_step_s(p.batch_size, 0) for p in timed if p.k == 0 and cost.fit_step_s(p.batch_size, 0) > 0
     ]
-    verify = _clamp(median(plain)) if plain else 1.0
-    drafted = []
-    for p in (p for p in timed if p.k > 0):
-        predicted = cost.draft_cost_s(p.batch_size, p.k)
-        if predicted > 0:  # nothing left for the drafter: the smallest factor (clamped)
-            drafted.append(max(p.step_s - verify * cost.verify_s(p.num_tokens), 0.0) / predicted)
-    draft = _clamp(median(drafted)) if drafted else 1.0
+    drafting = [p for p in timed if p.k > 0 and cost.fit_step_s(p.batch_size, p.k) > 0]
+    if not plain and drafting:
+        verify = draft = _clamp(median(p.step_s / cost.fit_step_s(p.batch_size, p.k) for p in drafting))
+    else:
+        verify = _clamp(median(plain)) if plain else 1.0
+        drafted = []
+        for p in drafting:
+            predicted = cost.draft_cost_s(p.batch_size, p.k)
+            if predicted > 0:  # nothing left for the drafter: the smallest factor (clamped)
+                drafted.append(max(p.step_s - verify * cost.verify_s(p.num_tokens), 0.0) / predicted)
+        draft = _clamp(median(drafted)) if drafted else 1.0
     scaled = replace(
         cost,
         base_s=cost.base_s * verify,

@@ -299,15 +299,10 @@ class LivePolicy:
             )
             ctl.cost = cost
             self._cost_source = "profiled"
-            profile_steps = self._steps_since(t_start)
-            self._start_learning(
-                cost,
-                "profiled",
-                "measured on this machine by this launch",
-                after_seq=profile_steps[-1].seq if profile_steps else -1,
-            )  # a prior in force before is set aside
+            # a prior in force before is set aside
+            self._start_learning(cost, "profiled", "measured on this machine by this launch")
             measured = PositionCounts(ctl.k_max)  # the profile's own drafts: what a later launch starts from
-            measured.add(s for s in profile_steps if s.profiling_requests)
+            measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
             self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
             self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
             save_cached(self._cache_path, cost, measured)
@@ -371,10 +366,12 @@ class LivePolicy:
         self._start_learning(cost, "shipped", note)
         ctl.cost, self._cost_source = cost, "shipped"
 
-    def _start_learning(self, base: CostModel, source: str, note: str, after_seq: int = -1) -> None:
+    def _start_learning(self, base: CostModel, source: str, note: str) -> None:
         """From now on ``base`` (from ``source``: "shipped", "cache" or "profiled", said on the page as
-        ``note``) learns from the engine's steps after ``after_seq`` (``_learn``)."""
-        self._learner = CostLearner(base, self._config.method == "draft", after_seq)
+        ``note``) learns from the engine's steps (``_learn``); from the profiler's own steps only over a
+        shipped prior (its timed and idle-time cells; a profile's steps are the profile itself)."""
+        learns_profiling = source == "shipped"
+        self._learner = CostLearner(base, self._config.method == "draft", learns_profiling=learns_profiling)
         self._learned_t = time.monotonic()
         self._base_source, self._base_note = source, note
 

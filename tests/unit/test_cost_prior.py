@@ -82,6 +82,17 @@ def test_a_machine_far_outside_the_prior_is_clamped_and_no_timing_leaves_it_as_s
     assert timing_grid(3, 5).cells == [(1, 3), (1, 0)]
 
 
+def test_drafting_cells_alone_scale_the_prior_as_a_whole():
+    # no K=0 cell: a drafting step's time cannot say whether verification or the drafter moved, and a
+    # machine slower as a whole would otherwise charge all of it to the drafter
+    machine = shifted(TRUE, 1.2, 1.2)
+    timed = [CostPoint(b, k, b * (k + 1), machine.fit_step_s(b, k), 6) for b, k in [(1, 3), (4, 1)]]
+    scaled, verify, draft = scale_prior(PRIOR, timed)
+    assert verify == pytest.approx(1.2, rel=0.02) and draft == pytest.approx(1.2, rel=0.02)
+    for b, k in [(1, 0), (16, 0), (4, 3), (1, 5)]:
+        assert scaled.step_s(b, k) == pytest.approx(machine.fit_step_s(b, k), rel=0.03), (b, k)
+
+
 def test_the_drafting_cell_timed_is_the_k_the_prior_gives_one_request():
     prior = ShippedPrior(PRIOR, None, "a prior")
     for alphas in ([0.9] * 5, [0.6] * 5, [0.95, 0.9]):
@@ -160,13 +171,15 @@ def test_the_learner_replaces_the_priors_cells_with_the_engines_own():
 
 def test_a_profiles_own_steps_are_not_learned_again():
     machine = shifted(TRUE, 1.25, 0.9)
-    profile_steps = steps_on(TRUE, {(1, 3): 20, (4, 3): 20})  # seq 0-39: what the base was fitted from
-    learner = CostLearner(PRIOR, drafter_runs_model=True, after_seq=profile_steps[-1].seq)
-    assert learner.learn(profile_steps) is None and learner.learned_steps == 0
+    profiling = [replace(s, profiling_requests=s.batch_size) for s in steps_on(TRUE, {(1, 3): 20, (4, 3): 20})]
+    learner = CostLearner(PRIOR, drafter_runs_model=True, learns_profiling=False)  # over a profile
+    assert learner.learn(profiling[:30]) is None and learner.learned_steps == 0
     traffic = steps_on(machine, {(1, 3): 12}, start=40)
-    learned = learner.learn(profile_steps + traffic)  # a window reaching back into the profile
+    learned = learner.learn(profiling[30:] + traffic)  # the profile's last steps, reaching the history late
     assert learned is not None and learner.learned_steps == 12 and learner.learned_cells == 1
     assert learned.step_s(1, 3) == pytest.approx(machine.fit_step_s(1, 3), rel=0.05)
+    over_a_prior = CostLearner(PRIOR, drafter_runs_model=True)  # a shipped prior learns its timed cells
+    assert over_a_prior.learn(profiling) is not None and over_a_prior.learned_steps == 40
 
 
 def test_the_learner_leaves_out_prefill_and_steps_after_idle_time():
@@ -235,6 +248,6 @@ def test_two_heavy_cells_off_the_per_pass_line_do_not_tilt_the_ks_between():
     learned = CostLearner(profile, drafter_runs_model=True).learn(at_k5 + steps_on(line, {(1, 3): 300}, start=300))
     assert learned is not None
     assert learned.step_s(1, 5) == pytest.approx(1.3 * line.fit_step_s(1, 5), rel=0.05)
-    for k in (0, 1, 2, 3):
+    for k in (1, 2, 3):  # (K=0, never learned, follows the drafting cells' scale: scale_prior)
         assert learned.step_s(1, k) == pytest.approx(line.fit_step_s(1, k), rel=0.07), k
     assert derive_auto_table(learned, [0.9] * 5, 5, 16).k_by_batch[:4] == [3, 3, 3, 3]
