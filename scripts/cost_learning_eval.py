@@ -10,7 +10,10 @@ from its profile, learns from synthetic steps of the truth (5 % noise) at the ce
 reaches, and its auto table (``k_policy.derive_auto_table``, batch sizes 1-16, one acceptance at
 every position) is scored by the truth: at each batch size the rate of the K it chose over the
 best K's rate, the worst batch size kept. Prints one line per case, then each variant's worst
-and mean score, then a JSON last line. No engine: seconds on any machine.
+and mean score. Then one request at a time under auto (``ROUNDS`` rounds of ``ROUND_STEPS``
+steps at the K the table gives batch size 1, learning after each) on each machine: the Ks it ran
+and its last K's rate over the best K's (the learner as shipped). Then a JSON last line. No
+engine: seconds on any machine.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from engine_adapter.records import EngineStep  # noqa: E402
 K_MAX = 5
 MAX_BATCH = 16
 ACCEPTANCES = (0.6, 0.8, 0.9)
+ROUNDS, ROUND_STEPS = 6, 60
 Distortion = Callable[[CostModel, int, int], float]  # (line, batch size, K) -> true/line
 DISTORTIONS: dict[str, Distortion] = {
     "on the line": lambda m, b, k: 1.0,
@@ -53,13 +57,15 @@ TRAFFIC: dict[str, dict[tuple[int, int], int]] = {  # cell -> steps learned
 }
 
 
-def synthetic_steps(true_s: Callable[[int, int], float], cells: dict[tuple[int, int], int]) -> list[EngineStep]:
-    """Decode steps of the cells, in order, each the truth's time with 5 % noise."""
-    rng, out = random.Random(0), []
+def synthetic_steps(
+    true_s: Callable[[int, int], float], cells: dict[tuple[int, int], int], first_seq: int = 0
+) -> list[EngineStep]:
+    """Decode steps of the cells, in order, numbered from ``first_seq``, each the truth's time with 5 % noise."""
+    rng, out = random.Random(first_seq), []
     for (b, k), n in cells.items():
         for _ in range(n):
             s = true_s(b, k) * rng.uniform(0.95, 1.05)
-            seq = len(out)
+            seq = first_seq + len(out)
             out.append(
                 EngineStep(
                     seq=seq,
@@ -106,6 +112,23 @@ def evaluate(line: CostModel, weights: list[int | None]) -> list[dict]:
     return rows
 
 
+def one_request_rounds(line: CostModel, distort: Distortion, a: float) -> tuple[list[int], float]:
+    """The Ks one request at a time runs under auto, round by round, and the last one's score."""
+
+    def true_s(b: int, k: int) -> float:
+        return line.fit_step_s(b, k) * distort(line, b, k)
+
+    def rate(k: int) -> float:
+        return (1 - a ** (k + 1)) / (1 - a) / true_s(1, k)
+
+    learner, model, ks = CostLearner(line, True), line, []
+    for r in range(ROUNDS + 1):
+        ks.append(derive_auto_table(model, [a] * K_MAX, K_MAX, MAX_BATCH).k_by_batch[0])
+        if r < ROUNDS:
+            model = learner.learn(synthetic_steps(true_s, {(1, ks[-1]): ROUND_STEPS}, r * ROUND_STEPS)) or model
+    return ks, round(rate(ks[-1]) / max(rate(k) for k in range(K_MAX + 1)), 3)
+
+
 def _label(w: int | None) -> str:
     return "all" if w is None else str(w)
 
@@ -131,6 +154,13 @@ def main() -> None:
         }
         for w, s in summary[kind].items():
             print(f"   fit weight samples {w}: worst {s['worst']:.3f}, mean {s['mean']:.4f} over {len(rows)} cases")
+        print(f"   one request at a time, {ROUNDS} rounds of {ROUND_STEPS} steps: the Ks run, the last one's score")
+        rounds = {}
+        for (d_name, distort), a in itertools.product(DISTORTIONS.items(), (0.8, 0.9)):
+            ks, last = one_request_rounds(line, distort, a)
+            rounds[f"{d_name}, a={a}"] = {"ks": ks, "score": last}
+            print(f"   {d_name:22s} a={a}: K {' '.join(map(str, ks))} -> {last:.3f}")
+        summary[kind]["one_request_rounds"] = rounds
     print(json.dumps({"cases_per_kind": len(DISTORTIONS) * len(TRAFFIC) * len(ACCEPTANCES), "by_kind": summary}))
 
 

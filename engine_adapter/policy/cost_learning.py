@@ -56,7 +56,7 @@ class CostLearner:
         self.learns_profiling = learns_profiling
         self._last_seq = -1
         self.learned_steps = 0
-        self.learned_cells = 0  # cells with MIN_LEARN_SAMPLES steps (a plain int: the page reads it)
+        self.learned_cells = 0  # cells with MIN_LEARN_SAMPLES steps in the last fit (the page reads it)
 
     @staticmethod
     def counts(step: EngineStep) -> bool:
@@ -81,8 +81,8 @@ class CostLearner:
                 self._added[cell] += 1
                 self.learned_steps += 1
         ready = {cell: n for cell, n in self._added.items() if n >= MIN_LEARN_SAMPLES}
-        self.learned_cells = len(ready)
         if not ready or ready == self._fitted:
+            self.learned_cells = len(ready)
             return None
         self._fitted = ready
         learned = [
@@ -102,4 +102,6 @@ class CostLearner:
             if (p.batch_size, p.k) not in ready
         ]
         points = sorted([*kept, *learned], key=lambda p: (p.batch_size, p.k))
-        return fit_cost_model(points, self.drafter_runs_model, self.base.capture_sizes, self.fit_weight_samples)
+        fitted = fit_cost_model(points, self.drafter_runs_model, self.base.capture_sizes, self.fit_weight_samples)
+        self.learned_cells = len(ready)  # once the fit exists: the page reads the two together
+        return fitted

@@ -15,8 +15,9 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
   request at ``first_request_k``, the unscaled prior's own choice for one request, else
   min(3, k_max); then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
   returns the prior with its verification terms scaled by the K=0 cells' measured/predicted
-  ratio and its drafter terms by what the K>0 cells leave for them (medians, each clamped to
-  ``SCALE_RANGE``), its points scaled alike, with the two factors.
+  ratio and its drafter terms by what the K>0 cells leave for them (with no K=0 cell, both by the
+  K>0 cells' own ratio; medians, each clamped to ``SCALE_RANGE``), its points scaled alike, with
+  the two factors.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
@@ -77,6 +77,17 @@ GONE_TIMEOUT_S = 10.0  # stop_filling waits at most this long for the engine to 
 GONE_SETTLE_S = 0.15  # ... and at least this long: a request the cell had just sent may yet reach the engine
 MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns toward the profile's acceptance
 START_POLICIES = ("configured", "auto", "auction")
+
+
+@dataclass(frozen=True)
+class CostLearning:
+    """The cost model's learning: its learner, where the model it started from came from
+    ("shipped", "cache", "profiled") and that in the page's words; ``stopped`` after a failure."""
+
+    learner: CostLearner
+    source: str
+    note: str
+    stopped: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,9 +148,7 @@ class LivePolicy:
         self._cache_path: Path | None = None  # its cost model's cache file (``config_cache_path``)
         self._why_not: str | None = "no engine"
         self._cost_source: str | None = None
-        self._base_source: str | None = None  # where the model the learner started from came from
-        self._base_note: str | None = None  # ... in the page's words (``_start_learning``)
-        self._learner: CostLearner | None = None
+        self._learning: CostLearning | None = None  # replaced whole: page threads read it
         self._learned_t = 0.0
         self._profiling: str | None = None
         self._filling: str | None = None  # the cell measured in idle time (``start_filling``)
@@ -212,7 +221,7 @@ class LivePolicy:
         self._profiling = None
         self._measured = None
         self._pending = None
-        self._learner, self._base_source, self._base_note = None, None, None
+        self._learning = None
         self._fill_task, self._fill_measuring, self._filling = None, None, None
         self._fill_tries.clear()
         self._why_not = "no engine"
@@ -370,19 +379,21 @@ class LivePolicy:
         """From now on ``base`` (from ``source``: "shipped", "cache" or "profiled", said on the page as
         ``note``) learns from the engine's steps (``_learn``); from the profiler's own steps only over a
         shipped prior (its timed and idle-time cells; a profile's steps are the profile itself)."""
-        learns_profiling = source == "shipped"
-        self._learner = CostLearner(base, self._config.method == "draft", learns_profiling=learns_profiling)
+        learner = CostLearner(base, self._config.method == "draft", learns_profiling=source == "shipped")
         self._learned_t = time.monotonic()
-        self._base_source, self._base_note = source, note
+        self._learning = CostLearning(learner, source, note)
 
     async def _learn(self) -> None:
         """Refit the cost model with the cells the engine's steps measured since the last refit; a
         slot policy in force takes the new model at once (the engine holds a copy of it). A failure
         is said on the page and ends the learning, never the policy loop."""
-        learner, ctl = self._learner, self.controller
+        learning, ctl = self._learning, self.controller
+        if learning is None or learning.stopped:
+            return
         since, self._learned_t = self._learned_t, time.monotonic()
         try:
-            learned = learner.learn(self._steps_since(since - self.learn_s))  # overlap: ``learn`` counts each step once
+            # the window overlaps the last one: ``learn`` counts each step once
+            learned = learning.learner.learn(self._steps_since(since - self.learn_s))
             if learned is None or ctl is None:
                 return
             ctl.cost, self._cost_source = learned, "learned"
@@ -392,18 +403,21 @@ class LivePolicy:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            self._learner, self._error = None, f"learning the cost model stopped: {e}"
+            self._error = f"learning the cost model stopped: {e}"
+            self._learning = replace(learning, stopped=True)
 
     def _cost_note(self) -> str | None:
-        note, learner, filling = self._base_note, self._learner, self._filling  # read once: the loop may clear them
-        if note is None or learner is None:
-            return note
-        cells = learner.learned_cells
+        learning, filling = self._learning, self._filling  # read once: the loop may replace them
+        if learning is None:
+            return None
+        note, learner, cells = learning.note, learning.learner, learning.learner.learned_cells
         if not cells:
             note = f"{note}; learning from the engine's steps (none complete a cell yet)"
         else:
             steps = f"{learner.learned_steps:,} engine steps"
             note = f"{note}; learned since from {steps} in {cells} cell{'s' * (cells != 1)}"
+        if learning.stopped:
+            note += "; learning stopped (below)"
         if filling:
             note += f"; measuring {filling} while the engine is idle (a visitor's request stops it)"
         return note
@@ -411,7 +425,8 @@ class LivePolicy:
     # --- measuring in idle time (the service decides when nobody else uses the engine) ---
     def start_filling(self, still_quiet: Callable[[], bool] = lambda: True) -> bool:
         """Start measuring the first grid cell the learner has not reached (and not tried
-        ``FILL_TRIES`` times); False when there is none, or no learner, or a measurement runs.
+        ``FILL_TRIES`` times); False when there is none (always, but over a shipped prior still
+        learning), or a measurement runs.
         The cell begins only if ``still_quiet()`` when its task first runs (a claim from another
         thread may have come in between)."""
         ctl = self.controller
@@ -430,10 +445,10 @@ class LivePolicy:
         """The grid's cells idle time may still measure: not reached by the learner, not yet tried
         ``FILL_TRIES`` times; none but over a shipped prior (a profile's cells were all measured on
         this machine: traffic refreshes the ones it reaches)."""
-        learner, grid = self._learner, self._grid
-        if learner is None or grid is None or self._base_source != "shipped":
+        learning, grid = self._learning, self._grid
+        if learning is None or learning.stopped or grid is None or learning.source != "shipped":
             return []
-        return [cell for cell in learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
+        return [cell for cell in learning.learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
 
     def filling_now(self) -> bool:
         """Whether a cell's task exists and has not ended (a plain read, from any thread)."""
@@ -480,7 +495,7 @@ class LivePolicy:
         except Exception as e:  # the engine may run the cell's K: said on the page
             self._error = f"after measuring in idle time the policy could not be applied again: {e}"
         self._filling = None
-        if finished and self._learner is not None:
+        if finished and self._learning is not None and not self._learning.stopped:
             await self._learn()
 
     async def _until_profiling_gone(self) -> None:
@@ -524,7 +539,8 @@ class LivePolicy:
             if ctl is None or self._profiling is not None or self._filling is not None or ctl.state is None:
                 continue  # a measurement switches K itself: no table sent meanwhile
             self.remember_window()
-            if self._learner is not None and time.monotonic() - self._learned_t >= self.learn_s:
+            learning = self._learning
+            if learning is not None and not learning.stopped and time.monotonic() - self._learned_t >= self.learn_s:
                 await self._learn()
             if ctl.state.spec.kind != "auto" or self._filling is not None:
                 continue

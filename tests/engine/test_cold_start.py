@@ -82,8 +82,13 @@ def test_the_first_request_after_ready_drafts(cold_service):
 def test_the_measured_model_learns_from_traffic_and_not_from_its_own_profile(cold_service):
     svc, _ = cold_service
     asyncio.run(_run(svc, "def fibonacci(n):", 96))
+
+    def learned() -> bool:
+        view = svc.policy_view()
+        return view.cost_source == "learned" and "learned since from" in (view.cost_note or "")
+
     deadline = time.monotonic() + 60
-    while "learned since from" not in (svc.policy_view().cost_note or "") and time.monotonic() < deadline:
+    while not learned() and time.monotonic() < deadline:
         time.sleep(0.2)
     note = svc.policy_view().cost_note or ""
     learned = re.search(r"^measured on this machine by this launch; learned since from ([\d,]+) engine steps", note)

@@ -240,8 +240,8 @@ def test_a_k_dearer_than_the_per_pass_line_is_learned_and_left():
 def test_two_heavy_cells_off_the_per_pass_line_do_not_tilt_the_ks_between():
     # the drafter's passes on a straight line up to K=4 and K=5's steps 30 % dearer (a CPU's top draft
     # passes); traffic learned hundreds of steps at K=3 and K=5 for one request. Weighed by all their
-    # steps, the two cells tilted the lines: K=1 and 2 priced far too cheap, and the auto table fell
-    # to K=1 at every batch size (0.68 of the best rate at acceptance 0.9)
+    # steps in the lines' fit, the two cells would tilt the lines: K=1 and 2 priced far too cheap,
+    # and the auto table at K=1 for every batch size
     line = CostModel(base_s=0.228, slope_s=0.012, knee_tokens=6, draft_s=0.04, draft_s_per_req=0.004, first_s=0.05)
     profile = fit_cost_model([CostPoint(b, k, b * (k + 1), line.fit_step_s(b, k), 4) for b, k in GRID5], True)
     at_k5 = [replace(s, wall_s=s.wall_s * 1.3, interval_s=s.interval_s * 1.3) for s in steps_on(line, {(1, 5): 300})]
