@@ -385,8 +385,9 @@ class LivePolicy:
 
     async def _learn(self) -> None:
         """Refit the cost model with the cells the engine's steps measured since the last refit; a
-        slot policy in force takes the new model at once (the engine holds a copy of it). A failure
-        is said on the page and ends the learning, never the policy loop."""
+        slot policy in force takes the new model at once (the engine holds a copy of it). Nothing
+        without a learning, or after it stopped: a failure is said on the page and ends the
+        learning, never the policy loop."""
         learning, ctl = self._learning, self.controller
         if learning is None or learning.stopped:
             return
@@ -495,7 +496,7 @@ class LivePolicy:
         except Exception as e:  # the engine may run the cell's K: said on the page
             self._error = f"after measuring in idle time the policy could not be applied again: {e}"
         self._filling = None
-        if finished and self._learning is not None and not self._learning.stopped:
+        if finished:
             await self._learn()
 
     async def _until_profiling_gone(self) -> None:
@@ -539,9 +540,8 @@ class LivePolicy:
             if ctl is None or self._profiling is not None or self._filling is not None or ctl.state is None:
                 continue  # a measurement switches K itself: no table sent meanwhile
             self.remember_window()
-            learning = self._learning
-            if learning is not None and not learning.stopped and time.monotonic() - self._learned_t >= self.learn_s:
-                await self._learn()
+            if time.monotonic() - self._learned_t >= self.learn_s:
+                await self._learn()  # nothing without a learning in force
             if ctl.state.spec.kind != "auto" or self._filling is not None:
                 continue
             with contextlib.suppress(Exception):  # a failed send is retried next round
