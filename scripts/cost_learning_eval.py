@@ -58,10 +58,14 @@ TRAFFIC: dict[str, dict[tuple[int, int], int]] = {  # cell -> steps learned
 
 
 def synthetic_steps(
-    true_s: Callable[[int, int], float], cells: dict[tuple[int, int], int], first_seq: int = 0
+    true_s: Callable[[int, int], float],
+    cells: dict[tuple[int, int], int],
+    first_seq: int = 0,
+    seed: int | None = None,
 ) -> list[EngineStep]:
-    """Decode steps of the cells, in order, numbered from ``first_seq``, each the truth's time with 5 % noise."""
-    rng, out = random.Random(first_seq), []
+    """Decode steps of the cells, in order, numbered from ``first_seq``, each the truth's time with 5 %
+    noise (drawn from ``seed``, else from ``first_seq``)."""
+    rng, out = random.Random(first_seq if seed is None else seed), []
     for (b, k), n in cells.items():
         for _ in range(n):
             s = true_s(b, k) * rng.uniform(0.95, 1.05)

@@ -3,7 +3,6 @@ from the engine's steps (synthetic steps from known cost models)."""
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 
 import pytest
@@ -26,8 +25,8 @@ from engine_adapter.policy.cost_prior import (
 from engine_adapter.policy.k_policy import derive_auto_table, one_request_outlook
 from engine_adapter.policy.live_state import PolicyView
 from engine_adapter.policy.profile_grid import default_grid
-from engine_adapter.records import EngineStep
 from explorer.views.status import policy_status_markdown
+from scripts.cost_learning_eval import synthetic_steps
 
 # a CPU-like machine: flat to 4 tokens per step, then rising; a draft model's passes on top
 TRUE = CostModel(base_s=0.20, slope_s=0.012, knee_tokens=4, draft_s=0.03, draft_s_per_req=0.002, first_s=0.04)
@@ -126,31 +125,7 @@ def test_a_prior_is_found_only_for_its_own_key(tmp_path):
 
 
 def steps_on(machine: CostModel, cells_steps: dict[tuple[int, int], int], seed: int = 0, start: int = 0) -> list:
-    rng = random.Random(seed)
-    out, seq = [], start
-    for (b, k), n in cells_steps.items():
-        for _ in range(n):
-            s = machine.fit_step_s(b, k) * rng.uniform(0.95, 1.05)
-            out.append(
-                EngineStep(
-                    seq=seq,
-                    t=seq * 0.2,
-                    wall_s=s,
-                    interval_s=s,
-                    batch_size=b,
-                    k=k,
-                    num_tokens=b * (k + 1),
-                    num_drafted=b * k,
-                    num_accepted=0,
-                    num_emitted=b,
-                    accepted_per_pos=(),
-                    reached_per_pos=(),
-                    num_drafting=b if k else 0,
-                    tap_s=0.0,
-                )
-            )
-            seq += 1
-    return out
+    return synthetic_steps(machine.fit_step_s, cells_steps, first_seq=start, seed=seed)
 
 
 def test_the_learner_replaces_the_priors_cells_with_the_engines_own():
