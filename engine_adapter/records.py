@@ -44,6 +44,15 @@ def is_profile_request(request_id: str) -> bool:
     return request_id.startswith(PROFILE_REQUEST_PREFIX)
 
 
+# The profiler's requests measuring a cell in idle time (``LivePolicy.start_filling``) carry this
+# tag after the prefix: the cost model learns their steps over any source, a profile's steps never.
+IDLE_MEASURE_TAG = "idle"
+
+
+def is_idle_measure_request(request_id: str) -> bool:
+    return request_id.startswith(PROFILE_REQUEST_PREFIX + IDLE_MEASURE_TAG)
+
+
 def load_request_id(kind: str) -> str:
     """A background-load request's id: the prefix, its prompt's task kind (letters; "" where
     unknown) and 12 random hex digits, so a step's rows say which kind each load request is."""

@@ -4,6 +4,7 @@
     .venv/bin/python scripts/cold_start.py --warm              # the cost model already cached
     .venv/bin/python scripts/cold_start.py --cold --app-args "--reserved-cpus 1"
     .venv/bin/python scripts/cold_start.py --cold --learn-s 300 --learn-load 4
+    .venv/bin/python scripts/cold_start.py --cold --explore-s 240
 
 ``--cold`` makes a fresh cache folder (``SPEC_EXPLORER_CACHE``) holding only links to the
 model folders of the usual cache (``~/.cache/spec-explorer`` or ``$SPEC_EXPLORER_CACHE``), so
@@ -24,6 +25,12 @@ and runs the same request again: the JSON adds its wall time, kinds and steps, t
 from the K-policy panel at the first request and after learning, and ``first_over_learned``
 (the first request's speed over the second's: issue 33 asks at least 0.85).
 
+``--explore-s S`` then leaves the engine idle for S seconds (more while a cell still runs), where
+idle time measures the cells around the Ks the auto table chooses (and a shipped cost model's cells
+traffic has not reached), and runs the same request again: the JSON adds the cells seen measured,
+the cost model's line after them, the request's wall time, kinds and steps, and
+``first_over_explored``.
+
 ``--idle-s S`` then leaves the engine idle for S seconds (only the page's tick polls), where a
 shipped cost model measures the cells traffic has not reached, waits (up to 60 s) until a cell
 is being measured and runs the same request again: the JSON adds the cost model's line after
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import shutil
 import sys
@@ -162,6 +170,8 @@ def learned_request(client: Client, prompt: str, max_tokens: int, learn_s: float
 
 
 IDLE_CELL = "while the engine is idle"  # the cost model's line while a cell is measured in idle time
+CELL_END_S = 120.0  # --explore-s: how long past its seconds cells still running are waited for
+NO_CELL_S = 6.0  # ... and how long none must have run
 
 
 def request_during_idle_cell(
@@ -190,6 +200,35 @@ def request_during_idle_cell(
     }
 
 
+def request_after_exploring(client: Client, prompt: str, max_tokens: int, explore_s: float) -> dict:
+    """The same request again once idle time has measured its cells (``explore_s`` seconds, then
+    until no cell has run for ``NO_CELL_S``, up to ``CELL_END_S`` more): the cells seen, the cost
+    model's line. (Cells come one after another, ``idle_fill.PERIOD_S`` apart.)"""
+    cells: list[str] = []
+    end = time.monotonic() + explore_s
+    last_cell_t = time.monotonic()
+    while True:
+        line = cost_model_line(client)  # the page's tick: the session stays, the engine idle
+        cell = re.search(r"measuring (.+?) " + IDLE_CELL, line)
+        if cell:
+            last_cell_t = time.monotonic()
+            if cell[1] not in cells:
+                cells.append(cell[1])
+        now = time.monotonic()
+        if now > end + CELL_END_S or (now > end and now - last_cell_t > NO_CELL_S):
+            break
+        time.sleep(1.0)
+    again = first_request(client, prompt, max_tokens)
+    return {
+        "explore_s": explore_s,
+        "cells_explored": cells,
+        "cost_model_explored": cost_model_line(client),
+        "explored_request_s": again["first_request_s"],
+        "explored_kinds": again["kinds"],
+        "explored_steps": again["steps"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     which = p.add_mutually_exclusive_group(required=True)
@@ -205,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--learn-s", type=float, default=0.0, help="seconds of background load before the request again")
     p.add_argument("--learn-load", type=int, default=4, help="background requests while learning (4)")
     p.add_argument("--idle-s", type=float, default=0.0, help="idle seconds, then the request during a cell")
+    p.add_argument(
+        "--explore-s", type=float, default=0.0, help="idle seconds for idle time's cells, then the request again"
+    )
     p.add_argument("--log", type=Path, default=Path(tempfile.gettempdir()) / "cold_start_app.log")
     args = p.parse_args(argv)
 
@@ -219,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.learn_s > 0:
             marks |= learned_request(client, args.prompt, args.max_tokens, args.learn_s, args.learn_load)
             marks["first_over_learned"] = round(marks["learned_request_s"] / marks["first_request_s"], 3)
+        if args.explore_s > 0:
+            marks |= request_after_exploring(client, args.prompt, args.max_tokens, args.explore_s)
+            marks["first_over_explored"] = round(marks["explored_request_s"] / marks["first_request_s"], 3)
         if args.idle_s > 0:
             before_s = marks["first_before_vllm_s"]
             marks |= request_during_idle_cell(client, args.prompt, args.max_tokens, args.idle_s, before_s)

@@ -11,9 +11,10 @@ reaches, and its auto table (``k_policy.derive_auto_table``, batch sizes 1-16, o
 every position) is scored by the truth: at each batch size the rate of the K it chose over the
 best K's rate, the worst batch size kept. Prints one line per case, then each variant's worst
 and mean score. Then one request at a time under auto (``ROUNDS`` rounds of ``ROUND_STEPS``
-steps at the K the table gives batch size 1, learning after each) on each machine: the Ks it ran
-and its last K's rate over the best K's (the learner as shipped). Then a JSON last line. No
-engine: seconds on any machine.
+steps at the K the table gives batch size 1, learning after each), by traffic alone and with idle
+time's cells around the table's Ks (``live_state.LivePolicy.fill_left``), on each machine: the Ks
+it ran and its last K's rate over the best K's. Then a JSON last line. No engine: seconds on any
+machine.
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ from statistics import mean
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout, as a script
 
-from engine_adapter.policy.cost_learning import CostLearner  # noqa: E402
+from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner  # noqa: E402
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model  # noqa: E402
 from engine_adapter.policy.cost_prior import cost_priors_dir  # noqa: E402
 from engine_adapter.policy.k_policy import derive_auto_table  # noqa: E402
+from engine_adapter.policy.profile_grid import default_grid  # noqa: E402
 from engine_adapter.records import EngineStep  # noqa: E402
 
 K_MAX = 5
@@ -116,8 +118,10 @@ def evaluate(line: CostModel, weights: list[int | None]) -> list[dict]:
     return rows
 
 
-def one_request_rounds(line: CostModel, distort: Distortion, a: float) -> tuple[list[int], float]:
-    """The Ks one request at a time runs under auto, round by round, and the last one's score."""
+def one_request_rounds(line: CostModel, distort: Distortion, a: float, idle: bool) -> tuple[list[int], float]:
+    """The Ks one request at a time runs under auto, round by round, and the last one's score; with
+    ``idle``, each round's idle time measures the cells around the table's Ks that no step reached
+    yet (``ProfileGrid.cells_around``, ``MIN_LEARN_SAMPLES`` steps each), as the app's does."""
 
     def true_s(b: int, k: int) -> float:
         return line.fit_step_s(b, k) * distort(line, b, k)
@@ -125,11 +129,18 @@ def one_request_rounds(line: CostModel, distort: Distortion, a: float) -> tuple[
     def rate(k: int) -> float:
         return (1 - a ** (k + 1)) / (1 - a) / true_s(1, k)
 
-    learner, model, ks = CostLearner(line, True), line, []
+    learner, model, ks, seq, grid = CostLearner(line, True), line, [], 0, default_grid(K_MAX)
     for r in range(ROUNDS + 1):
-        ks.append(derive_auto_table(model, [a] * K_MAX, K_MAX, MAX_BATCH).k_by_batch[0])
-        if r < ROUNDS:
-            model = learner.learn(synthetic_steps(true_s, {(1, ks[-1]): ROUND_STEPS}, r * ROUND_STEPS)) or model
+        table = derive_auto_table(model, [a] * K_MAX, K_MAX, MAX_BATCH)
+        ks.append(table.k_by_batch[0])
+        if r == ROUNDS:
+            break
+        cells = {(1, ks[-1]): ROUND_STEPS}
+        if idle:
+            cells |= {c: MIN_LEARN_SAMPLES for c in learner.unreached(grid.cells_around(table.k_by_batch, K_MAX))}
+        steps = synthetic_steps(true_s, cells, seq)
+        seq += len(steps)
+        model = learner.learn(steps) or model
     return ks, round(rate(ks[-1]) / max(rate(k) for k in range(K_MAX + 1)), 3)
 
 
@@ -158,13 +169,17 @@ def main() -> None:
         }
         for w, s in summary[kind].items():
             print(f"   fit weight samples {w}: worst {s['worst']:.3f}, mean {s['mean']:.4f} over {len(rows)} cases")
-        print(f"   one request at a time, {ROUNDS} rounds of {ROUND_STEPS} steps: the Ks run, the last one's score")
-        rounds = {}
-        for (d_name, distort), a in itertools.product(DISTORTIONS.items(), (0.8, 0.9)):
-            ks, last = one_request_rounds(line, distort, a)
-            rounds[f"{d_name}, a={a}"] = {"ks": ks, "score": last}
-            print(f"   {d_name:22s} a={a}: K {' '.join(map(str, ks))} -> {last:.3f}")
-        summary[kind]["one_request_rounds"] = rounds
+        for idle in (False, True):
+            how = "and idle time's cells around them" if idle else "traffic only"
+            print(
+                f"   one request at a time, {ROUNDS} rounds of {ROUND_STEPS} steps, {how}: the Ks run, the last's score"
+            )
+            rounds = {}
+            for (d_name, distort), a in itertools.product(DISTORTIONS.items(), (0.8, 0.9)):
+                ks, last = one_request_rounds(line, distort, a, idle)
+                rounds[f"{d_name}, a={a}"] = {"ks": ks, "score": last}
+                print(f"   {d_name:22s} a={a}: K {' '.join(map(str, ks))} -> {last:.3f}")
+            summary[kind]["one_request_rounds" + ("_idle_cells" if idle else "")] = rounds
     print(json.dumps({"cases_per_kind": len(DISTORTIONS) * len(TRAFFIC) * len(ACCEPTANCES), "by_kind": summary}))
 
 

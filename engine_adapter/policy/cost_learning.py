@@ -3,8 +3,9 @@
 Contract: ``CostLearner(base, drafter_runs_model, learns_profiling=True, fit_weight_samples)``:
 ``base`` is the model to start from (a shipped prior scaled to this machine,
 ``cost_prior.scale_prior``; a profile measured by this launch or cached by an earlier one); steps
-that carry the profiler's requests are learned only with ``learns_profiling`` (a shipped prior's
-timed and idle-time cells), never over a profile, whose own steps they are. ``learn(steps)``
+that carry the profiler's requests are learned with ``learns_profiling`` (a shipped prior's
+timed cells), and over any base where all of them measure a cell in idle time
+(``records.is_idle_measure_request``); never a profile's own steps. ``learn(steps)``
 takes the engine's steps of one engine, in the order they ran (each counted once however often
 passed: by ``seq``) and keeps, per (batch size, K) cell, the tokens and step period (the tap's
 ``interval_s``, as the profiler times its cells) of the steps ``counts`` admits: decode steps
@@ -19,7 +20,8 @@ take the machine's shape from every cell, and what a K costs over them (a CPU's 
 passes) stays at that K; two heavy cells off the per-pass line, weighed by all their steps,
 would tilt the lines and misprice every K between them (``scripts/cost_learning_eval.py``).
 ``learned_steps`` and ``learned_cells`` say how much it rests on. ``unreached(cells)`` lists the
-cells no traffic has filled yet: what idle time may measure (``live_state.LivePolicy.start_filling``).
+cells with fewer than ``MIN_LEARN_SAMPLES`` steps learned (traffic's or idle time's): what idle time
+may measure (``live_state.LivePolicy.fill_left``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from statistics import median
 
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.cost_prior import scale_prior
-from engine_adapter.records import EngineStep
+from engine_adapter.records import EngineStep, is_idle_measure_request
 
 MIN_LEARN_SAMPLES = 8  # steps before a cell counts (a CPU step's time varies 5-10 %)
 MAX_KEPT = 400  # steps kept per cell: the newest describe the machine as it is
@@ -66,6 +68,14 @@ class CostLearner:
         b, k = step.batch_size, step.k
         return b > 0 and 0 < step.interval_s <= MAX_INTERVAL_OVER_WALL * step.wall_s and step.num_tokens <= b * (k + 1)
 
+    def learns_from(self, step: EngineStep) -> bool:
+        """Whether the step may teach the model: one without the profiler's requests always; one
+        with them where ``learns_profiling``, or where each of them (counted with the skipped ones,
+        which ``requests`` leaves out) is among ``requests`` and measures a cell in idle time."""
+        if not step.profiling_requests or self.learns_profiling:
+            return True
+        return sum(1 for r in step.requests if is_idle_measure_request(r.request_id)) == step.profiling_requests
+
     def unreached(self, cells: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
         """The (batch size, K) cells, in the order given, with fewer than ``MIN_LEARN_SAMPLES`` steps learned."""
         return [cell for cell in cells if self._added[cell] < MIN_LEARN_SAMPLES]
@@ -75,7 +85,7 @@ class CostLearner:
             if s.seq <= self._last_seq:
                 continue
             self._last_seq = s.seq
-            if self.counts(s) and (self.learns_profiling or not s.profiling_requests):
+            if self.counts(s) and self.learns_from(s):
                 cell = (s.batch_size, s.k)
                 self._cells.setdefault(cell, collections.deque(maxlen=MAX_KEPT)).append((s.num_tokens, s.interval_s))
                 self._added[cell] += 1

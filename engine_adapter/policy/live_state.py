@@ -19,15 +19,17 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   runs) and puts the policy in force back afterwards; a policy chosen meanwhile
   is applied when it ends, since profiling switches K itself;
 - under ``auto`` the table is re-derived every ``rederive_s`` seconds from the
-  per-position acceptance of the last ``window_s`` seconds of engine steps where
+  per-position acceptance of the last ``window_s`` seconds of engine steps (the profiler's left
+  out: they draft its prompts, not the visitors' text) where
   the window tested a position ``MIN_REACHED`` times, else from the acceptance
   remembered from earlier measurements (the profile's, kept with the cost model in
   the cache, then every window's): a window without drafts keeps the last
   measurement, which fades back to the profile's over ``MEMORY_FADE_S`` (so a
   spell of hard text that put K at 0 everywhere does not keep it there for good);
-- with a shipped prior's model (cells no one measured on this machine), ``start_filling()``
-  measures one grid cell traffic has not reached (``CostLearner.unreached``) with profiling
-  requests of its own, and the learner takes its steps; the service calls it only while nobody
+- ``start_filling()`` measures one cell traffic has not reached (``CostLearner.unreached``) with
+  profiling requests of its own (``fill_left``: over a shipped prior every grid cell; under a cost
+  policy, from any source, the Ks around the auto table's choices), and the learner takes its
+  steps; the service calls it only while nobody
   else uses the engine and ``await stop_filling()`` before anyone's request goes in: it cancels
   the cell (its requests are aborted, the policy in force is applied again) and returns once the
   engine runs none of them (``view().filling`` says which cell runs meanwhile);
@@ -67,7 +69,7 @@ from engine_adapter.policy.profiler import (
     profile_engine,
     save_cached,
 )
-from engine_adapter.records import EngineStep
+from engine_adapter.records import IDLE_MEASURE_TAG, EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
 MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
@@ -159,7 +161,8 @@ class LivePolicy:
         self._error: str | None = None
         self._pending: PolicySpec | None = None
         self._tasks: list[asyncio.Task] = []
-        self._preview: tuple[tuple, AutoTable] | None = None  # (inputs, table) of the last preview
+        # (inputs, table, table cut for the chart) of the last auto table derived outside auto
+        self._derived: tuple[tuple, AutoTable, AutoTable] | None = None
         # per draft position, the acceptance last measured (the profile's, then the windows'): a window
         # with no drafts in it (a long spell at K=0, a launch with a cached cost model) must not turn it
         # back into the 0.5 guess, under which the auto table drafts nowhere and so never measures again
@@ -217,7 +220,7 @@ class LivePolicy:
                 await t
         self._tasks.clear()
         self.controller = None
-        self._preview = None
+        self._derived = None
         self._profiling = None
         self._measured = None
         self._pending = None
@@ -236,8 +239,11 @@ class LivePolicy:
         return alphas_from_counts([0] * len(counts.reached), [0] * len(counts.reached), memory=known)
 
     def _window_counts(self) -> PositionCounts:
+        """The window's drafts, the profiler's left out: acceptance is the text's, and the text
+        auto drafts for is the visitors' and the load's, not the profiler's prompts (a profile's
+        drafts seed the memory instead, ``_profiled``)."""
         counts = PositionCounts(self.controller.k_max if self.controller else 0)
-        counts.add(self._steps_since(time.monotonic() - self.window_s))
+        counts.add(s for s in self._steps_since(time.monotonic() - self.window_s) if not s.profiling_requests)
         return counts
 
     def remember_window(self) -> None:
@@ -377,9 +383,11 @@ class LivePolicy:
 
     def _start_learning(self, base: CostModel, source: str, note: str) -> None:
         """From now on ``base`` (from ``source``: "shipped", "cache" or "profiled", said on the page as
-        ``note``) learns from the engine's steps (``_learn``); from the profiler's own steps only over a
-        shipped prior (its timed and idle-time cells; a profile's steps are the profile itself)."""
+        ``note``) learns from the engine's steps (``_learn``): traffic's and idle time's cells, and a
+        shipped prior's timed cells; never a profile's own steps (``CostLearner.learns_from``).
+        Idle time's tries start afresh with it."""
         learner = CostLearner(base, self._config.method == "draft", learns_profiling=source == "shipped")
+        self._fill_tries.clear()
         self._learned_t = time.monotonic()
         self._learning = CostLearning(learner, source, note)
 
@@ -425,15 +433,14 @@ class LivePolicy:
 
     # --- measuring in idle time (the service decides when nobody else uses the engine) ---
     def start_filling(self, still_quiet: Callable[[], bool] = lambda: True) -> bool:
-        """Start measuring the first grid cell the learner has not reached (and not tried
-        ``FILL_TRIES`` times); False when there is none (always, but over a shipped prior still
-        learning), or a measurement runs.
+        """Start measuring the first cell ``fill_left`` gives; False when there is none, or a
+        measurement runs.
         The cell begins only if ``still_quiet()`` when its task first runs (a claim from another
         thread may have come in between)."""
         ctl = self.controller
         if ctl is None or ctl.state is None or self._profiling is not None or self.filling_now():
             return False
-        todo = self.fill_left()  # none but over a shipped prior
+        todo = self.fill_left()
         if not todo:
             return False
         self._fill_tries[todo[0]] += 1
@@ -443,13 +450,32 @@ class LivePolicy:
         return True
 
     def fill_left(self) -> list[tuple[int, int]]:
-        """The grid's cells idle time may still measure: not reached by the learner, not yet tried
-        ``FILL_TRIES`` times; none but over a shipped prior (a profile's cells were all measured on
-        this machine: traffic refreshes the ones it reaches)."""
+        """The cells idle time may still measure, none the learner has reached or ``FILL_TRIES``
+        tries measured: over a shipped prior every grid cell (none of them measured on this machine
+        but the timed ones); then, over any source while a policy that reads the cost model is in
+        force (auto, the auction, equal slots), the cells around the Ks the auto table chooses at
+        the grid's batch sizes (``ProfileGrid.cells_around``): one request at a time runs one K and
+        so learns one cell, which cannot tell a dearer K from a slower machine; its neighbours'
+        cells can. Bounded: each cell is reached or tried ``FILL_TRIES`` times, and the cells are
+        the grid's batch sizes x K 0..k_max."""
         learning, grid = self._learning, self._grid
-        if learning is None or learning.stopped or grid is None or learning.source != "shipped":
+        if learning is None or learning.stopped or grid is None:
             return []
-        return [cell for cell in learning.learner.unreached(grid.cells) if self._fill_tries[cell] < FILL_TRIES]
+        todo = list(grid.cells) if learning.source == "shipped" else []
+        todo += [cell for cell in self._cells_around_policy() if cell not in todo]
+        return [cell for cell in learning.learner.unreached(todo) if self._fill_tries[cell] < FILL_TRIES]
+
+    def _cells_around_policy(self) -> list[tuple[int, int]]:
+        """``ProfileGrid.cells_around`` the auto table in force, or, under a slot policy (the
+        auction, equal slots), the one its cost model gives (``_derived_auto``, which the page's
+        preview reads too); none under a fixed K or a K table (the cost model chooses nothing then)."""
+        ctl, grid = self.controller, self._grid
+        if ctl is None or ctl.cost is None or ctl.state is None or grid is None:
+            return []
+        if ctl.state.spec.kind not in COST_POLICIES:
+            return []
+        table = ctl.state.auto or self._derived_auto(ctl, self.alphas())[0]
+        return grid.cells_around(table.k_by_batch, ctl.k_max)
 
     def filling_now(self) -> bool:
         """Whether a cell's task exists and has not ended (a plain read, from any thread)."""
@@ -459,8 +485,9 @@ class LivePolicy:
     async def _fill_cell(self, b: int, k: int, still_quiet: Callable[[], bool]) -> None:
         """One cell (``start_filling``): its measurement runs as a task of its own, which
         ``stop_filling`` cancels; whichever way that ends, this waits until the cell's requests are
-        gone from the engine and applies the policy in force again before it returns (that part is
-        not cancelled but by the engine going away). A cell someone stopped is not counted as a try."""
+        gone from the engine, learns a finished cell's steps, and applies the policy in force again
+        (auto's table derived with the cell learned) before it returns (that part is not cancelled
+        but by the engine going away). A cell someone stopped is not counted as a try."""
         ctl, grid = self.controller, self._grid
         if not still_quiet():  # claimed since the cell was chosen: not begun, not a try
             self._fill_tries[(b, k)] -= 1
@@ -474,6 +501,7 @@ class LivePolicy:
                 self._config.method == "draft",
                 grid=ProfileGrid((b,), (k,), grid.capture_sizes),
                 expect=ctl.cost,
+                request_tag=IDLE_MEASURE_TAG,
                 **(self.profile_kwargs | {"steps_per_cell": MIN_LEARN_SAMPLES}),
             )
         )
@@ -490,14 +518,14 @@ class LivePolicy:
         except Exception as e:  # tried again later, up to ``FILL_TRIES``
             print(f"spec-explorer: measuring {self._filling} in idle time failed: {e!r}", file=sys.stderr, flush=True)
         await self._until_profiling_gone()
+        if finished:  # the cell learned first: the policy applied next (auto's table) prices with it
+            await self._learn()
         try:  # profiling switched K itself: the policy in force again
             state = await ctl.apply(ctl.state.spec, self.alphas())
             self.changes.append((state.t, state.spec.to_dict()))
         except Exception as e:  # the engine may run the cell's K: said on the page
             self._error = f"after measuring in idle time the policy could not be applied again: {e}"
         self._filling = None
-        if finished:
-            await self._learn()
 
     async def _until_profiling_gone(self) -> None:
         """Until the engine runs none of the profiler's requests: its last step had none, or no step
@@ -587,11 +615,16 @@ class LivePolicy:
         (every page's timer asks for the view each second)."""
         if ctl is None or ctl.cost is None or not alphas or (ctl.state is not None and ctl.state.auto is not None):
             return None
+        return self._derived_auto(ctl, alphas)[1]
+
+    def _derived_auto(self, ctl: PolicyController, alphas: list[float]) -> tuple[AutoTable, AutoTable]:
+        """The auto table ``ctl.cost`` and ``alphas`` give over every batch size the engine takes,
+        as ``auto`` would apply it, and the same cut for the chart (the larger batch sizes can hold
+        K up at the smaller ones); derived once per change of its inputs."""
         # the key holds the cost model itself (not its id, which a later one may reuse)
         key = (ctl.cost, tuple(alphas), ctl.k_max, ctl.max_batch)
-        if self._preview is None or self._preview[0] != key:
-            # derived over every batch size the engine takes, as ``auto`` would apply it, then cut for the
-            # chart: the larger batch sizes can hold K up at the smaller ones
+        derived = self._derived
+        if derived is None or derived[0] != key:
             auto = derive_auto_table(ctl.cost, alphas, ctl.k_max, ctl.max_batch)
-            self._preview = (key, auto.up_to(MAX_PREVIEW_BATCH))
-        return self._preview[1]
+            derived = self._derived = (key, auto, auto.up_to(MAX_PREVIEW_BATCH))
+        return derived[1], derived[2]

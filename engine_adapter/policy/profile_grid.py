@@ -48,6 +48,18 @@ class ProfileGrid:
         """(batch size, K) in the order measured: batch sizes ascending, K descending within each."""
         return [(b, k) for b in sorted(set(self.batch_sizes)) for k in self.ks_at(b)]
 
+    def cells_around(self, k_by_batch: Sequence[int], k_max: int) -> list[tuple[int, int]]:
+        """At each of the grid's batch sizes a K table covers (``k_by_batch[b - 1]``), the K it
+        chooses and the Ks either side within 0..``k_max``, highest first: the cells that tell
+        whether a neighbouring K would do better there (what idle time explores)."""
+        return [
+            (b, k)
+            for b in sorted(set(self.batch_sizes))
+            if b <= len(k_by_batch)
+            for k in (k_by_batch[b - 1] + 1, k_by_batch[b - 1], k_by_batch[b - 1] - 1)
+            if 0 <= k <= k_max
+        ]
+
 
 def top_of_one_request(k_max: int) -> tuple[int, ...]:
     """(k_max,) where ``default_ks`` stop below it: the largest step one request can take, measured

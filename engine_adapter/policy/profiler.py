@@ -5,7 +5,8 @@ drives the running engine through a ``ProfileGrid`` of (batch size, K) cells
 (``grid.cells``; default ``default_grid(k_max)``, this CPU's): for each batch size
 ``b`` it starts ``b`` long requests of its own (ids from
 ``records.profile_request_id``, so the tap counts them in
-``EngineStep.profiling_requests``) and, while they run, switches K live
+``EngineStep.profiling_requests``; ``request_tag`` after the prefix, ``records.IDLE_MEASURE_TAG``
+for a cell measured in idle time) and, while they run, switches K live
 (``client.set_k``) from the highest K down to 0, keeping ``steps_per_cell``
 pure-decode steps of exactly ``b`` requests under each K (after the engine
 acknowledged the switch and ``SETTLE_STEPS`` more), and up to twice as many
@@ -232,6 +233,7 @@ async def profile_engine(
     progress: Callable[[ProfileProgress], None] | None = None,
     cell_timeout_s: float = 240.0,  # a bound for a stuck engine; a first cell includes its batch's prefill
     expect: CostModel | None = None,  # the cost model in force: the progress's time left is priced by it
+    request_tag: str = "",  # letters after the ids' prefix (``records.IDLE_MEASURE_TAG``: a cell of idle time)
 ) -> CostModel:
     if client.tap is None or not client.live_policies:
         raise RuntimeError("profiling needs the scheduler tap and live K policies (EngineConfig.k_max)")
@@ -243,7 +245,7 @@ async def profile_engine(
         for b in sorted(set(grid.batch_sizes)):
             ks = grid.ks_at(b)
             await client.set_k(ks[0])  # before the requests start: they draft from their first decode
-            batch = _Batch(client, prompts, cell_max_tokens(ks, steps_per_cell), b)
+            batch = _Batch(client, prompts, cell_max_tokens(ks, steps_per_cell), b, request_tag)
             try:
                 for k in ks:
                     meter.cell_starts(b, k, observed)
@@ -262,15 +264,21 @@ async def profile_engine(
 class _Batch:
     """The ``b`` profiling requests of one batch size; ``restart`` replaces them all."""
 
-    def __init__(self, client, prompts: Sequence[str], max_tokens: int, b: int) -> None:
+    def __init__(self, client, prompts: Sequence[str], max_tokens: int, b: int, tag: str = "") -> None:
         self._client, self._prompts, self._max_tokens, self.size = client, prompts, max_tokens, b
+        self._tag = tag
         self._tasks: list[asyncio.Task] = []
         self._start()
 
     def _start(self) -> None:
         self._tasks = [
             asyncio.create_task(
-                _drain(self._client, self._prompts[i % len(self._prompts)], self._max_tokens, f"b{self.size}r{i}")
+                _drain(
+                    self._client,
+                    self._prompts[i % len(self._prompts)],
+                    self._max_tokens,
+                    f"{self._tag}b{self.size}r{i}",
+                )
             )
             for i in range(self.size)
         ]

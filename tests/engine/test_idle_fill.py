@@ -1,5 +1,6 @@
-"""Idle time measures the cells of a shipped cost model that traffic has not reached, and a
-visitor's request stops it: no step ever holds profiling requests beside anyone else's.
+"""Idle time measures the cells of a shipped cost model that traffic has not reached (and the Ks
+around the auto table's choices), and a visitor's request stops it: no step ever holds profiling
+requests beside anyone else's.
 
 Tiny models (the ``close`` draft, K up to 5), an empty cost-model cache and a prior for exactly this
 engine in ``SPEC_EXPLORER_COST_PRIORS`` (the start times two cells and scales it); idle time counts

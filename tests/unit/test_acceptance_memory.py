@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -84,6 +85,17 @@ def test_a_window_without_drafts_keeps_the_last_measurement():
     assert live.alphas() == pytest.approx(measured)
     live.remember_window()  # a round of the auto loop with nothing new: the memory stays
     assert live.alphas() == pytest.approx(measured)
+
+
+def test_the_profilers_drafts_are_not_the_visitors_acceptance():
+    history = _Steps()
+    live = _policy(history)
+    now = time.monotonic()
+    history.steps = [_step(i, now - 5, (1, 1, 0), (1, 1, 1)) for i in range(40)]  # a visitor's text
+    live.remember_window()
+    # then an idle-time cell on the profiler's prompts: it drafts, and keeps nothing
+    history.steps += [replace(_step(40 + i, now - 1, (0, 0, 0), (1, 0, 0)), profiling_requests=1) for i in range(40)]
+    assert live.alphas()[0] > 0.9
 
 
 def test_before_any_measurement_the_estimate_is_the_guess():

@@ -1,5 +1,6 @@
 """The learner's synthetic evaluation (scripts/cost_learning_eval.py): the truth recovered where the
-machine is the line, a dear K scored below it, and one request at a time keeps its K."""
+machine is the line, a dear K scored below it, and one request at a time keeps its K unless idle
+time measures the Ks around it."""
 
 from __future__ import annotations
 
@@ -36,5 +37,13 @@ def test_on_the_line_the_learned_table_is_near_the_best_and_a_dear_k_scores_belo
 
 
 def test_one_request_at_a_time_keeps_the_k_the_table_gives_it():
-    ks, last = one_request_rounds(LINE, DISTORTIONS["all x1.2"], 0.9)
+    ks, last = one_request_rounds(LINE, DISTORTIONS["all x1.2"], 0.9, idle=False)
     assert len(set(ks)) == 1 and 0.95 <= last <= 1.0, (ks, last)
+
+
+def test_idle_cells_around_the_k_find_a_dear_top_k_that_traffic_alone_keeps():
+    dear = DISTORTIONS["K=4, 5 20, 30 % dear"]
+    ks_alone, last_alone = one_request_rounds(LINE, dear, 0.9, idle=False)
+    ks_idle, last_idle = one_request_rounds(LINE, dear, 0.9, idle=True)
+    assert len(set(ks_alone)) == 1 and ks_alone[0] >= 4 and last_alone < 0.95, (ks_alone, last_alone)
+    assert ks_idle[-1] < ks_alone[-1] and last_idle > last_alone, (ks_idle, last_idle)

@@ -25,6 +25,7 @@ from engine_adapter.policy.cost_prior import (
 from engine_adapter.policy.k_policy import derive_auto_table, one_request_outlook
 from engine_adapter.policy.live_state import PolicyView
 from engine_adapter.policy.profile_grid import default_grid
+from engine_adapter.records import IDLE_MEASURE_TAG, RequestInStep, is_profile_request, profile_request_id
 from explorer.views.status import policy_status_markdown
 from scripts.cost_learning_eval import synthetic_steps
 
@@ -155,6 +156,24 @@ def test_a_profiles_own_steps_are_not_learned_again():
     assert learned.step_s(1, 3) == pytest.approx(machine.fit_step_s(1, 3), rel=0.05)
     over_a_prior = CostLearner(PRIOR, drafter_runs_model=True)  # a shipped prior learns its timed cells
     assert over_a_prior.learn(profiling) is not None and over_a_prior.learned_steps == 40
+
+
+def test_over_a_profile_the_cells_measured_in_idle_time_are_learned():
+    def with_requests(steps: list, *ids: str) -> list:
+        rows = tuple(RequestInStep(request_id, 3, 2, 3) for request_id in ids)
+        return [replace(s, profiling_requests=sum(map(is_profile_request, ids)), requests=rows) for s in steps]
+
+    idle = with_requests(steps_on(TRUE, {(1, 4): 12}), profile_request_id(IDLE_MEASURE_TAG + "b1r0"))
+    profile = with_requests(steps_on(TRUE, {(1, 3): 12}, start=20), profile_request_id("b1r0"))
+    # a step holding an idle cell's request and the profile's (never run so): not an idle cell's
+    mixed = with_requests(
+        steps_on(TRUE, {(2, 3): 12}, start=40),
+        profile_request_id(IDLE_MEASURE_TAG + "b2r0"),
+        profile_request_id("b2r1"),
+    )
+    learner = CostLearner(PRIOR, drafter_runs_model=True, learns_profiling=False)
+    assert learner.learn(idle + profile + mixed) is not None
+    assert learner.learned_steps == 12 and learner.unreached([(1, 4), (1, 3), (2, 3)]) == [(1, 3), (2, 3)]
 
 
 def test_the_learner_leaves_out_prefill_and_steps_after_idle_time():

@@ -109,3 +109,15 @@ def test_a_small_step_budget_caps_the_top_batch():
 def test_an_eager_gpu_engine_profiles_unpadded():
     grid = config_profile_grid(EngineConfig(k_max=5, max_num_seqs=256, enforce_eager=True), H200)
     assert grid == ProfileGrid((1, 4, 16, 64, 256), (5, 3, 1, 0), ())
+
+
+@pytest.mark.parametrize(
+    ("k_by_batch", "k_max", "cells"),
+    [
+        ([3] * 16, 5, [(1, 4), (1, 3), (1, 2), (4, 4), (4, 3), (4, 2), (16, 4), (16, 3), (16, 2)]),
+        ([5, 5, 3, 3, 1] + [0] * 11, 5, [(1, 5), (1, 4), (4, 4), (4, 3), (4, 2), (16, 1), (16, 0)]),
+        ([2, 2, 1, 1], 5, [(1, 3), (1, 2), (1, 1), (4, 2), (4, 1), (4, 0)]),  # a table to batch size 4 only
+    ],
+)
+def test_idle_time_explores_the_ks_either_side_of_the_tables_choice(k_by_batch, k_max, cells):
+    assert default_grid(k_max).cells_around(k_by_batch, k_max) == cells
