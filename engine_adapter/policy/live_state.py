@@ -20,18 +20,15 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
   is applied when it ends, since profiling switches K itself;
 - under ``auto`` the table is re-derived every ``rederive_s`` seconds from the
   per-position acceptance of the last ``window_s`` seconds of engine steps (the profiler's left
-  out: they draft its prompts, not the visitors' text) where
-  the window tested a position ``MIN_REACHED`` times, else from the acceptance
-  remembered from earlier measurements (the profile's, kept with the cost model in
-  the cache, then every window's): a window without drafts keeps the last
-  measurement, which fades back to the profile's over ``MEMORY_FADE_S`` (so a
-  spell of hard text that put K at 0 everywhere does not keep it there for good);
+  out: they draft its prompts, not the visitors' text) where it measured enough, else the
+  remembered (``acceptance_memory``: the launch's, kept with the cost model in the cache, then
+  every window's, fading back to the launch's);
 - ``start_filling()`` measures one cell traffic has not reached (``CostLearner.unreached``) with
   profiling requests of its own (``fill_left``: over a shipped prior every grid cell; under a cost
-  policy, from any source, the Ks around the auto table's choices), and the learner takes its
-  steps; the service calls it only while nobody
-  else uses the engine and ``await stop_filling()`` before anyone's request goes in: it cancels
-  the cell (its requests are aborted, the policy in force is applied again) and returns once the
+  policy, from any source, the Ks around the auto table's choices; how a cell runs and stops:
+  ``idle_cells``), and the learner takes its steps; the service calls it only while nobody else
+  uses the engine and ``await stop_filling()`` before anyone's request goes in: it cancels the
+  cell (its requests are aborted, the policy in force is applied again) and returns once the
   engine runs none of them (``view().filling`` says which cell runs meanwhile);
 - ``changes`` records every policy applied: (monotonic t, spec dict), and through ``note`` the
   service's other engine-wide switches (the acceptance rule: ``{"acceptance": rule dict}``).
@@ -45,19 +42,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import math
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
+from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine_config import EngineConfig
+from engine_adapter.policy.acceptance_memory import AcceptanceMemory, known
 from engine_adapter.policy.controller import COST_POLICIES, SLOT_POLICIES, PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
 from engine_adapter.policy.cost_model import CostModel, fit_cost_model
 from engine_adapter.policy.cost_prior import ShippedPrior, find_prior, first_request_k, scale_prior, timing_grid
+from engine_adapter.policy.idle_cells import IdleCells
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
 from engine_adapter.policy.profiler import (
@@ -72,12 +69,7 @@ from engine_adapter.policy.profiler import (
 from engine_adapter.records import IDLE_MEASURE_TAG, EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
-MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
 LEARN_S = 30.0  # seconds between two refits of the cost model from the engine's steps
-FILL_TRIES = 2  # idle-time measurements of one cell before it is left to traffic (its steps may not count)
-GONE_TIMEOUT_S = 10.0  # stop_filling waits at most this long for the engine to drop the cell's requests
-GONE_SETTLE_S = 0.15  # ... and at least this long: a request the cell had just sent may yet reach the engine
-MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns toward the profile's acceptance
 START_POLICIES = ("configured", "auto", "auction")
 
 
@@ -153,22 +145,16 @@ class LivePolicy:
         self._learning: CostLearning | None = None  # replaced whole: page threads read it
         self._learned_t = 0.0
         self._profiling: str | None = None
-        self._filling: str | None = None  # the cell measured in idle time (``start_filling``)
-        self._fill_task: asyncio.Task | None = None
-        self._fill_measuring: asyncio.Task | None = None  # the cell's measurement, which stop_filling cancels
-        self._fill_tries: collections.Counter[tuple[int, int]] = collections.Counter()
+        self._idle = IdleCells(steps_since)  # the cells measured in idle time (``start_filling``)
         self._measured: CostModel | None = None  # the cells measured so far, while profiling
         self._error: str | None = None
         self._pending: PolicySpec | None = None
         self._tasks: list[asyncio.Task] = []
         # (inputs, table, table cut for the chart) of the last auto table derived outside auto
         self._derived: tuple[tuple, AutoTable, AutoTable] | None = None
-        # per draft position, the acceptance last measured (the profile's, then the windows'): a window
-        # with no drafts in it (a long spell at K=0, a launch with a cached cost model) must not turn it
-        # back into the 0.5 guess, under which the auto table drafts nowhere and so never measures again
-        self._remembered: list[float] = []
-        self._profiled: list[float] = []  # what the profile measured: where the memory fades back to
-        self._remembered_t = time.monotonic()
+        # per draft position, the acceptance last measured (the launch's, then the windows'): a window
+        # with no drafts in it (a long spell at K=0, a launch with a cached cost model) keeps it
+        self._memory = AcceptanceMemory()
 
     # --- lifecycle (service loop) ------------------------------------------
     async def engine_ready(
@@ -202,8 +188,7 @@ class LivePolicy:
         if ctl.cost is not None:
             self._start_learning(ctl.cost, "cache", "measured earlier on this machine (cache)")
         measured = load_cached_acceptance(self._cache_path) if ctl.cost else None
-        self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED) if measured else []
-        self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
+        self._memory.start_from(known(measured) if measured else [])
         if ctl.cost is None and (prior := find_prior(config, platform)) is not None:
             await self._start_from_prior(prior, on_progress)
         if ctl.cost is None:
@@ -225,35 +210,27 @@ class LivePolicy:
         self._measured = None
         self._pending = None
         self._learning = None
-        self._fill_task, self._fill_measuring, self._filling = None, None, None
-        self._fill_tries.clear()
+        self._idle.forget()
         self._why_not = "no engine"
 
     # --- actions ------------------------------------------------------------
     def alphas(self) -> list[float]:
-        """Per draft position: the last ``window_s`` seconds' acceptance where the window tested the
-        position ``MIN_REACHED`` times, else the remembered; positions never measured inherit the
-        position before (position 1: the 0.5 guess, before anything was measured)."""
-        counts = self._window_counts()
-        known = remembered_alphas(self._remembered, counts.accepted, counts.reached, MIN_REACHED)
-        return alphas_from_counts([0] * len(counts.reached), [0] * len(counts.reached), memory=known)
+        """Per draft position: the last ``window_s`` seconds' acceptance where the window measured
+        enough, else the remembered (``AcceptanceMemory.alphas``)."""
+        return self._memory.alphas(self._window_counts())
 
     def _window_counts(self) -> PositionCounts:
         """The window's drafts, the profiler's left out: acceptance is the text's, and the text
         auto drafts for is the visitors' and the load's, not the profiler's prompts (a profile's
-        drafts seed the memory instead, ``_profiled``)."""
+        drafts seed the memory instead, ``AcceptanceMemory.start_from``)."""
         counts = PositionCounts(self.controller.k_max if self.controller else 0)
         counts.add(s for s in self._steps_since(time.monotonic() - self.window_s) if not s.profiling_requests)
         return counts
 
     def remember_window(self) -> None:
         """Keep what ``alphas`` reads now, for when the window holds no drafts; positions the
-        window did not refresh fade toward the profile's acceptance (``MEMORY_FADE_S``)."""
-        counts, now = self._window_counts(), time.monotonic()
-        kept = remembered_alphas(self._remembered, counts.accepted, counts.reached, MIN_REACHED)
-        refreshed = [r >= MIN_REACHED for r in counts.reached]
-        share = 1.0 - math.exp(-(now - self._remembered_t) / MEMORY_FADE_S)
-        self._remembered, self._remembered_t = fade_toward(kept, self._profiled, refreshed, share), now
+        window did not refresh fade toward the launch's acceptance (``AcceptanceMemory.remember``)."""
+        self._memory.remember(self._window_counts())
 
     async def apply(self, spec: PolicySpec) -> PolicyState | None:
         """Apply now, or (while profiling) check now and apply when profiling ends."""
@@ -318,8 +295,7 @@ class LivePolicy:
             self._start_learning(cost, "profiled", "measured on this machine by this launch")
             measured = PositionCounts(ctl.k_max)  # the profile's own drafts: what a later launch starts from
             measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
-            self._profiled = remembered_alphas([], measured.accepted, measured.reached, MIN_REACHED)
-            self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
+            self._memory.start_from(known(measured))
             save_cached(self._cache_path, cost, measured)
         except asyncio.CancelledError:
             raise
@@ -339,11 +315,7 @@ class LivePolicy:
         ctl, cfg = self.controller, self._config
         self._profiling = "timing this machine against the shipped cost model"
         t_start = time.monotonic()
-        shipped_alphas = (
-            remembered_alphas([], prior.acceptance.accepted, prior.acceptance.reached, MIN_REACHED)
-            if prior.acceptance is not None
-            else []
-        )
+        shipped_alphas = known(prior.acceptance) if prior.acceptance is not None else []
         try:
             timed = await profile_engine(
                 ctl.client,
@@ -368,12 +340,11 @@ class LivePolicy:
             self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
             return
         if prior.acceptance is not None:
-            self._profiled = shipped_alphas
+            self._memory.start_from(shipped_alphas)
         else:  # the timing's own drafts, where the prior ships none
             timed_counts = PositionCounts(ctl.k_max)
             timed_counts.add(s for s in self._steps_since(t_start) if s.profiling_requests)
-            self._profiled = remembered_alphas([], timed_counts.accepted, timed_counts.reached, MIN_REACHED)
-        self._remembered, self._remembered_t = list(self._profiled), time.monotonic()
+            self._memory.start_from(known(timed_counts))
         note = (
             f"{prior.label}, scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter) by "
             f"{len(points)} timed cells on this machine"
@@ -387,7 +358,7 @@ class LivePolicy:
         shipped prior's timed cells; never a profile's own steps (``CostLearner.learns_from``).
         Idle time's tries start afresh with it."""
         learner = CostLearner(base, self._config.method == "draft", learns_profiling=source == "shipped")
-        self._fill_tries.clear()
+        self._idle.forget_tries()
         self._learned_t = time.monotonic()
         self._learning = CostLearning(learner, source, note)
 
@@ -416,7 +387,7 @@ class LivePolicy:
             self._learning = replace(learning, stopped=True)
 
     def _cost_note(self) -> str | None:
-        learning, filling = self._learning, self._filling  # read once: the loop may replace them
+        learning, filling = self._learning, self._idle.label  # read once: the loop may replace them
         if learning is None:
             return None
         note, learner, cells = learning.note, learning.learner, learning.learner.learned_cells
@@ -433,37 +404,34 @@ class LivePolicy:
 
     # --- measuring in idle time (the service decides when nobody else uses the engine) ---
     def start_filling(self, still_quiet: Callable[[], bool] = lambda: True) -> bool:
-        """Start measuring the first cell ``fill_left`` gives; False when there is none, or a
-        measurement runs.
-        The cell begins only if ``still_quiet()`` when its task first runs (a claim from another
-        thread may have come in between)."""
+        """Start measuring the first cell ``fill_left`` gives (``IdleCells.start``); False when
+        there is none, or a measurement runs. The cell begins only if ``still_quiet()`` when its
+        task first runs (a claim from another thread may have come in between)."""
         ctl = self.controller
-        if ctl is None or ctl.state is None or self._profiling is not None or self.filling_now():
+        if ctl is None or ctl.state is None or self._profiling is not None or self._idle.running():
             return False
         todo = self.fill_left()
         if not todo:
             return False
-        self._fill_tries[todo[0]] += 1
         self._tasks = [t for t in self._tasks if not t.done()]
-        self._fill_task = asyncio.create_task(self._fill_cell(*todo[0], still_quiet))
-        self._tasks.append(self._fill_task)
+        self._tasks.append(self._idle.start(todo[0], self._measure_cell, self._after_cell, still_quiet))
         return True
 
     def fill_left(self) -> list[tuple[int, int]]:
-        """The cells idle time may still measure, none the learner has reached or ``FILL_TRIES``
-        tries measured: over a shipped prior every grid cell (none of them measured on this machine
-        but the timed ones); then, over any source while a policy that reads the cost model is in
-        force (auto, the auction, equal slots), the cells around the Ks the auto table chooses at
-        the grid's batch sizes (``ProfileGrid.cells_around``): one request at a time runs one K and
-        so learns one cell, which cannot tell a dearer K from a slower machine; its neighbours'
-        cells can. Bounded: each cell is reached or tried ``FILL_TRIES`` times, and the cells are
-        the grid's batch sizes x K 0..k_max."""
+        """The cells idle time may still measure, none the learner has reached or
+        ``idle_cells.FILL_TRIES`` tries measured: over a shipped prior every grid cell (none of them
+        measured on this machine but the timed ones); then, over any source while a policy that
+        reads the cost model is in force (auto, the auction, equal slots), the cells around the Ks
+        the auto table chooses at the grid's batch sizes (``ProfileGrid.cells_around``): one request
+        at a time runs one K and so learns one cell, which cannot tell a dearer K from a slower
+        machine; its neighbours' cells can. Bounded: each cell is reached or tried a few times, and
+        the cells are the grid's batch sizes x K 0..k_max."""
         learning, grid = self._learning, self._grid
         if learning is None or learning.stopped or grid is None:
             return []
         todo = list(grid.cells) if learning.source == "shipped" else []
         todo += [cell for cell in self._cells_around_policy() if cell not in todo]
-        return [cell for cell in learning.learner.unreached(todo) if self._fill_tries[cell] < FILL_TRIES]
+        return self._idle.untried(learning.learner.unreached(todo))
 
     def _cells_around_policy(self) -> list[tuple[int, int]]:
         """``ProfileGrid.cells_around`` the auto table in force, or, under a slot policy (the
@@ -479,79 +447,41 @@ class LivePolicy:
 
     def filling_now(self) -> bool:
         """Whether a cell's task exists and has not ended (a plain read, from any thread)."""
-        task = self._fill_task
-        return task is not None and not task.done()
+        return self._idle.running()
 
-    async def _fill_cell(self, b: int, k: int, still_quiet: Callable[[], bool]) -> None:
-        """One cell (``start_filling``): its measurement runs as a task of its own, which
-        ``stop_filling`` cancels; whichever way that ends, this waits until the cell's requests are
-        gone from the engine, learns a finished cell's steps, and applies the policy in force again
-        (auto's table derived with the cell learned) before it returns (that part is not cancelled
-        but by the engine going away). A cell someone stopped is not counted as a try."""
+    async def _measure_cell(self, b: int, k: int) -> None:
+        """One idle-time cell: the profiler's requests, tagged ``IDLE_MEASURE_TAG`` (the learner takes
+        their steps), until the learner can hold ``MIN_LEARN_SAMPLES`` of them."""
         ctl, grid = self.controller, self._grid
-        if not still_quiet():  # claimed since the cell was chosen: not begun, not a try
-            self._fill_tries[(b, k)] -= 1
-            return
-        self._filling = f"{b} request{'s' * (b > 1)} x K={k}"
-        measuring = asyncio.create_task(
-            profile_engine(
-                ctl.client,
-                self._prompts,
-                ctl.k_max,
-                self._config.method == "draft",
-                grid=ProfileGrid((b,), (k,), grid.capture_sizes),
-                expect=ctl.cost,
-                request_tag=IDLE_MEASURE_TAG,
-                **(self.profile_kwargs | {"steps_per_cell": MIN_LEARN_SAMPLES}),
-            )
+        await profile_engine(
+            ctl.client,
+            self._prompts,
+            ctl.k_max,
+            self._config.method == "draft",
+            grid=ProfileGrid((b,), (k,), grid.capture_sizes),
+            expect=ctl.cost,
+            request_tag=IDLE_MEASURE_TAG,
+            **(self.profile_kwargs | {"steps_per_cell": MIN_LEARN_SAMPLES}),
         )
-        self._fill_measuring = measuring
-        finished = False
-        try:
-            await measuring
-            finished = True
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():  # the engine is going: no clean-up to wait for
-                measuring.cancel()
-                raise
-            self._fill_tries[(b, k)] -= 1  # stopped by someone's request
-        except Exception as e:  # tried again later, up to ``FILL_TRIES``
-            print(f"spec-explorer: measuring {self._filling} in idle time failed: {e!r}", file=sys.stderr, flush=True)
-        await self._until_profiling_gone()
-        if finished:  # the cell learned first: the policy applied next (auto's table) prices with it
+
+    async def _after_cell(self, finished: bool) -> None:
+        """Once a cell's requests are gone: a finished cell learned first, so the policy applied next
+        (auto's table) prices with it; then the policy in force again (profiling switched K itself)."""
+        if finished:
             await self._learn()
-        try:  # profiling switched K itself: the policy in force again
+        ctl = self.controller
+        if ctl is None or ctl.state is None:
+            return
+        try:
             state = await ctl.apply(ctl.state.spec, self.alphas())
             self.changes.append((state.t, state.spec.to_dict()))
         except Exception as e:  # the engine may run the cell's K: said on the page
             self._error = f"after measuring in idle time the policy could not be applied again: {e}"
-        self._filling = None
-
-    async def _until_profiling_gone(self) -> None:
-        """Until the engine runs none of the profiler's requests: its last step had none, or no step
-        came for twice its last step's time (the engine idle); after ``GONE_SETTLE_S``, at most
-        ``GONE_TIMEOUT_S`` (said on stderr)."""
-        since = time.monotonic()
-        await asyncio.sleep(GONE_SETTLE_S)
-        while time.monotonic() - since < GONE_TIMEOUT_S:
-            steps = self._steps_since(since - GONE_TIMEOUT_S)
-            last = steps[-1] if steps else None
-            idle = last is not None and time.monotonic() - last.t > 2 * last.wall_s + GONE_SETTLE_S
-            if last is None or not last.profiling_requests or idle:
-                return
-            await asyncio.sleep(0.02)
-        print(f"spec-explorer: profiling requests still ran {GONE_TIMEOUT_S:.0f} s after their end", file=sys.stderr)
 
     async def stop_filling(self) -> None:
-        """Stop the cell measured in idle time, if one runs, and return once it has ended
-        (``_fill_cell``: its requests gone, the policy in force again). Safe to call from several
-        tasks at once; a caller's own cancellation is not passed on to the cell."""
-        task, measuring = self._fill_task, self._fill_measuring
-        if task is None or task.done():
-            return
-        if measuring is not None and not measuring.done():
-            measuring.cancel()
-        await asyncio.wait([task])
+        """Stop the cell measured in idle time, if one runs, and return once it has ended (its
+        requests gone, the policy in force again: ``IdleCells.stop``)."""
+        await self._idle.stop()
 
     async def _apply_after_profile(self, spec: PolicySpec, fallback: PolicySpec) -> None:
         self._pending = None
@@ -565,12 +495,12 @@ class LivePolicy:
         while True:
             await asyncio.sleep(self.rederive_s)
             ctl = self.controller
-            if ctl is None or self._profiling is not None or self._filling is not None or ctl.state is None:
+            if ctl is None or self._profiling is not None or self._idle.label is not None or ctl.state is None:
                 continue  # a measurement switches K itself: no table sent meanwhile
             self.remember_window()
             if time.monotonic() - self._learned_t >= self.learn_s:
                 await self._learn()  # nothing without a learning in force
-            if ctl.state.spec.kind != "auto" or self._filling is not None:
+            if ctl.state.spec.kind != "auto" or self._idle.label is not None:
                 continue
             with contextlib.suppress(Exception):  # a failed send is retried next round
                 if await ctl.rederive(self.alphas()):
@@ -607,7 +537,7 @@ class LivePolicy:
             auto_preview=self._auto_preview(ctl, alphas) if self._profiling is None else None,
             profile_estimate_s=estimate_profile_s(ctl.cost, self._grid) if ctl and ctl.cost and self._grid else None,
             cost_note=self._cost_note(),
-            filling=self._filling,
+            filling=self._idle.label,
         )
 
     def _auto_preview(self, ctl: PolicyController | None, alphas: list[float]) -> AutoTable | None:

@@ -1,0 +1,62 @@
+"""The acceptance the cost-model policies read: a window's where it measured enough, else memory.
+
+Contract: ``AcceptanceMemory`` holds, per draft position, the acceptance a launch started from
+(``profiled``: the profile's drafts, a shipped prior's, the cache's; ``start_from``) and the one
+last remembered. ``alphas(window)`` reads a window of engine steps' counts: at a position the
+window tested ``MIN_REACHED`` times its own estimate, else the remembered one; positions never
+measured inherit the position before (position 1: the 0.5 guess of ``alphas_from_counts``, before
+anything was measured). ``remember(window)`` keeps what ``alphas`` reads now, for when a window
+holds no drafts; positions the window did not refresh fade toward ``profiled`` with the time
+constant ``MEMORY_FADE_S`` (so a spell of hard text that put K at 0 everywhere does not keep it
+there for good). ``known(counts)``: the per-position acceptance a set of counts measured, where
+it measured enough (what ``start_from`` takes).
+
+Why a memory at all: under the 0.5 guess the auto table chooses K=0 at every batch size on the
+packaged pair, and a launch that never drafts never measures anything to correct it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from engine_adapter.acceptance import PositionCounts, alphas_from_counts, fade_toward, remembered_alphas
+
+MIN_REACHED = 16  # a window's acceptance at a draft position replaces the remembered one once tested this often
+MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns toward the launch's acceptance
+
+
+def known(counts: PositionCounts) -> list[float]:
+    """Per draft position, the acceptance ``counts`` measured, up to the first position tested
+    fewer than ``MIN_REACHED`` times (a guess is not a measurement)."""
+    return remembered_alphas([], counts.accepted, counts.reached, MIN_REACHED)
+
+
+@dataclass
+class AcceptanceMemory:
+    """Per draft position: where the memory fades back to, and what it remembers since when."""
+
+    profiled: list[float] = field(default_factory=list)
+    remembered: list[float] = field(default_factory=list)
+    remembered_t: float = field(default_factory=time.monotonic)
+
+    def start_from(self, profiled: list[float]) -> None:
+        """A launch's (or a new profile's) acceptance: faded back to, and remembered from now."""
+        self.profiled = list(profiled)
+        self.remembered, self.remembered_t = list(profiled), time.monotonic()
+
+    def alphas(self, window: PositionCounts) -> list[float]:
+        """Per draft position: ``window``'s acceptance where it tested the position ``MIN_REACHED``
+        times, else the remembered."""
+        kept = remembered_alphas(self.remembered, window.accepted, window.reached, MIN_REACHED)
+        return alphas_from_counts([0] * len(window.reached), [0] * len(window.reached), memory=kept)
+
+    def remember(self, window: PositionCounts) -> None:
+        """Keep what ``alphas(window)`` reads now; positions ``window`` did not refresh fade toward
+        ``profiled`` by the time since the last call."""
+        now = time.monotonic()
+        kept = remembered_alphas(self.remembered, window.accepted, window.reached, MIN_REACHED)
+        refreshed = [r >= MIN_REACHED for r in window.reached]
+        share = 1.0 - math.exp(-(now - self.remembered_t) / MEMORY_FADE_S)
+        self.remembered, self.remembered_t = fade_toward(kept, self.profiled, refreshed, share), now

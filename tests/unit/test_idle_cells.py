@@ -1,0 +1,117 @@
+"""``IdleCells``: which tries count, what ``after`` is told, and that ``stop`` waits for the end.
+
+No engine: the measurement is a coroutine that sleeps, fails or finishes, and the step history
+is empty (the engine runs none of the profiler's requests, so a stopped cell ends at once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from engine_adapter.policy.idle_cells import FILL_TRIES, IdleCells
+
+
+def _cells() -> tuple[IdleCells, list[tuple[str, object]]]:
+    events: list[tuple[str, object]] = []
+    return IdleCells(lambda t: []), events
+
+
+def test_a_finished_cell_counts_a_try_and_after_hears_it_finished():
+    async def go():
+        idle, events = _cells()
+
+        async def measure(b, k):
+            events.append(("measure", (b, k, idle.label)))
+
+        async def after(finished):
+            events.append(("after", finished))
+
+        await idle.start((4, 3), measure, after, lambda: True)
+        assert events == [("measure", (4, 3, "4 requests x K=3")), ("after", True)]
+        assert idle.label is None and not idle.running()
+        assert idle.untried([(4, 3)]) == ([(4, 3)] if FILL_TRIES > 1 else [])
+        await idle.start((4, 3), measure, after, lambda: True)
+        assert idle.untried([(4, 3), (1, 2)]) == [(1, 2)]  # tried FILL_TRIES times: left to traffic
+
+    asyncio.run(go())
+
+
+def test_a_cell_stopped_by_a_request_is_not_a_try_and_stop_waits_for_after():
+    async def go():
+        idle, events = _cells()
+        started = asyncio.Event()
+
+        async def measure(b, k):
+            started.set()
+            await asyncio.sleep(60)
+
+        async def after(finished):
+            await asyncio.sleep(0.05)
+            events.append(("after", finished))
+
+        task = idle.start((1, 5), measure, after, lambda: True)
+        await started.wait()
+        assert idle.running() and idle.label == "1 request x K=5"
+        await idle.stop()
+        assert events == [("after", False)] and task.done() and idle.label is None
+        assert idle.untried([(1, 5)]) == [(1, 5)]
+        for _ in range(FILL_TRIES + 1):  # stopped every time: never left to traffic
+            task = idle.start((1, 5), measure, after, lambda: True)
+            await asyncio.sleep(0)
+            await idle.stop()
+        assert idle.untried([(1, 5)]) == [(1, 5)]
+
+    asyncio.run(go())
+
+
+def test_a_failed_measurement_counts_and_a_claimed_cell_never_begins():
+    async def go():
+        idle, events = _cells()
+
+        async def failing(b, k):
+            raise RuntimeError("the engine said no")
+
+        async def after(finished):
+            events.append(("after", finished))
+
+        for _ in range(FILL_TRIES):
+            await idle.start((16, 1), failing, after, lambda: True)
+        assert events == [("after", False)] * FILL_TRIES and idle.untried([(16, 1)]) == []
+
+        async def never(b, k):
+            raise AssertionError("a claimed cell must not measure")
+
+        await idle.start((16, 0), never, after, lambda: False)
+        assert len(events) == FILL_TRIES and idle.untried([(16, 0)]) == [(16, 0)]
+        idle.forget_tries()
+        assert idle.untried([(16, 1)]) == [(16, 1)]
+
+    asyncio.run(go())
+
+
+def test_the_engine_going_away_cancels_the_measurement_and_skips_after():
+    async def go():
+        idle, events = _cells()
+        started, cancelled = asyncio.Event(), asyncio.Event()
+
+        async def measure(b, k):
+            started.set()
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+        async def after(finished):
+            events.append(("after", finished))
+
+        task = idle.start((4, 1), measure, after, lambda: True)
+        await started.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0)
+        assert cancelled.is_set() and events == []
+        idle.forget()
+        assert not idle.running() and idle.label is None
+
+    asyncio.run(go())
