@@ -8,8 +8,8 @@ measured inherit the position before (position 1: the 0.5 guess of ``alphas_from
 anything was measured). ``remember(window)`` keeps what ``alphas`` reads now, for when a window
 holds no drafts; positions the window did not refresh fade toward ``profiled`` with the time
 constant ``MEMORY_FADE_S`` (so a spell of hard text that put K at 0 everywhere does not keep it
-there for good). ``known(counts)``: the per-position acceptance a set of counts measured, where
-it measured enough (what ``start_from`` takes).
+there for good). ``known(counts)``: the per-position acceptance a set of counts measured, up to
+the first position it never tested (what ``start_from`` takes).
 
 Why a memory at all: under the 0.5 guess the auto table chooses K=0 at every batch size on the
 packaged pair, and a launch that never drafts never measures anything to correct it.
@@ -28,8 +28,9 @@ MEMORY_FADE_S = 300.0  # time constant, seconds: an unrefreshed memory returns t
 
 
 def known(counts: PositionCounts) -> list[float]:
-    """Per draft position, the acceptance ``counts`` measured, up to the first position tested
-    fewer than ``MIN_REACHED`` times (a guess is not a measurement)."""
+    """Per draft position, the acceptance ``counts`` measured, every position tested at least once
+    up to the first never tested (a guess is not a measurement; a launch's few drafts at a deep
+    position still beat inheriting the position before)."""
     return remembered_alphas([], counts.accepted, counts.reached, MIN_REACHED)
 
 

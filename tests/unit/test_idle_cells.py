@@ -1,7 +1,8 @@
 """``IdleCells``: which tries count, what ``after`` is told, and that ``stop`` waits for the end.
 
 No engine: the measurement is a coroutine that sleeps, fails or finishes, and the step history
-is empty (the engine runs none of the profiler's requests, so a stopped cell ends at once).
+is empty (the engine runs none of the profiler's requests, so a cell ends ``GONE_SETTLE_S`` after
+its measurement).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ def test_a_finished_cell_counts_a_try_and_after_hears_it_finished():
         await idle.start((4, 3), measure, after, lambda: True)
         assert events == [("measure", (4, 3, "4 requests x K=3")), ("after", True)]
         assert idle.label is None and not idle.running()
-        assert idle.untried([(4, 3)]) == ([(4, 3)] if FILL_TRIES > 1 else [])
-        await idle.start((4, 3), measure, after, lambda: True)
+        for _ in range(FILL_TRIES - 1):
+            assert idle.untried([(4, 3)]) == [(4, 3)]
+            await idle.start((4, 3), measure, after, lambda: True)
         assert idle.untried([(4, 3), (1, 2)]) == [(1, 2)]  # tried FILL_TRIES times: left to traffic
 
     asyncio.run(go())
@@ -81,7 +83,8 @@ def test_a_failed_measurement_counts_and_a_claimed_cell_never_begins():
         async def never(b, k):
             raise AssertionError("a claimed cell must not measure")
 
-        await idle.start((16, 0), never, after, lambda: False)
+        for _ in range(FILL_TRIES):  # claimed every time: never a try
+            await idle.start((16, 0), never, after, lambda: False)
         assert len(events) == FILL_TRIES and idle.untried([(16, 0)]) == [(16, 0)]
         idle.forget_tries()
         assert idle.untried([(16, 1)]) == [(16, 1)]
@@ -110,8 +113,46 @@ def test_the_engine_going_away_cancels_the_measurement_and_skips_after():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await asyncio.sleep(0)
-        assert cancelled.is_set() and events == []
-        idle.forget()
-        assert not idle.running() and idle.label is None
+        assert cancelled.is_set() and events == [] and task.cancelled()
+
+    asyncio.run(go())
+
+
+def test_a_cell_stopped_before_it_begins_never_measures_and_is_not_a_try():
+    async def go():
+        idle, events = _cells()
+
+        async def never(b, k):
+            raise AssertionError("a stopped cell must not begin")
+
+        async def after(finished):
+            events.append(("after", finished))
+
+        task = idle.start((1, 3), never, after, lambda: True)
+        await idle.stop()  # called before the task's first step
+        await idle.stop()  # and again: nothing more to stop, nothing more to count
+        assert task.cancelled() and events == [] and not idle.running()
+        assert idle.untried([(1, 3)]) == [(1, 3)]
+        for _ in range(FILL_TRIES):  # stopped every time: the tries still start from none
+            idle.start((1, 3), never, after, lambda: True)
+            await idle.stop()
+        assert idle.untried([(1, 3)]) == [(1, 3)]
+
+    asyncio.run(go())
+
+
+def test_the_label_goes_back_to_none_when_after_raises():
+    async def go():
+        idle, _ = _cells()
+
+        async def measure(b, k):
+            return None
+
+        async def after(finished):
+            raise RuntimeError("the policy could not be applied")
+
+        task = idle.start((4, 0), measure, after, lambda: True)
+        await asyncio.gather(task, return_exceptions=True)
+        assert isinstance(task.exception(), RuntimeError) and idle.label is None
 
     asyncio.run(go())
