@@ -99,6 +99,7 @@ PROPOSER = "vllm.v1.spec_decode.llm_base_proposer"
 ATTN_META = "vllm.v1.attention.backend"
 SHM = "vllm.distributed.device_communicators.shm_broadcast"
 MAPPED_KV, LOADING, QUIET = "cpu_tuning.lazy_kv_cache", "cpu_tuning.loading_cores", "cpu_tuning.quiet_executor"
+AMX, SCALED_MM_CPU = "cpu_tuning.amx", "vllm.model_executor.kernels.linear.scaled_mm.cpu"
 
 TOUCHES: tuple[VllmTouch, ...] = tuple(
     # the scheduler: the tap and the live policies (schedulers.py, tap.py, policy_hooks.py)
@@ -362,6 +363,11 @@ TOUCHES: tuple[VllmTouch, ...] = tuple(
         "KVCacheTensor.size",
     )
     + _touches(LOADING, "vllm.v1.worker.cpu_worker", "read", "CPUWorker.init_device", params=("self",))
+    + _touches(AMX, "vllm.model_executor.kernels.linear.scaled_mm", "import", "cpu")
+    + _touches(AMX, SCALED_MM_CPU, "replace", "check_cpu_sgl_kernel", params=("n", "k", "dtype"))
+    + _touches(
+        AMX, "vllm.v1.worker.cpu_worker", "override", "CPUWorker.load_model", params=("self", "load_dummy_weights")
+    )
     + _touches(QUIET, "vllm.distributed.device_communicators", "import", "shm_broadcast")
     + _touches(QUIET, SHM, "subclass", "SpinCondition")
     + _touches(QUIET, SHM, "replace", "SpinCondition")  # the module-level name, while readers are built
