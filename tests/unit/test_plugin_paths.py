@@ -65,6 +65,7 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
     from vllm.v1.worker.cpu_worker import CPUWorker
     from vllm.v1.worker.gpu_worker import Worker
 
+    from engine_adapter.vllm_plugin.cpu_tuning.amx import AmxMixin
     from engine_adapter.vllm_plugin.cpu_tuning.lazy_kv_cache import LazyKVCacheMixin
     from engine_adapter.vllm_plugin.cpu_tuning.loading_cores import AllCoresLoadingMixin
     from engine_adapter.vllm_plugin.idle_drafter import IdleDrafterMixin
@@ -79,13 +80,16 @@ def test_each_worker_is_its_platforms_vllm_worker_with_the_plugin():
             assert (IdleDrafterMixin in mro) == idles
             if idles:
                 assert mro.index(IdleDrafterMixin) < mro.index(AcceptanceRuleMixin)
-            # a CPU worker maps its KV cache (lazy_kv_cache.py) and loads on every core
-            # (loading_cores.py); a GPU's is vLLM's own
+            # a CPU worker asks for AMX's tile state (amx.py), maps its KV cache (lazy_kv_cache.py)
+            # and loads on every core (loading_cores.py); a GPU's is vLLM's own
+            assert (AmxMixin in mro) == (kind == "cpu")
             assert (LazyKVCacheMixin in mro) == (kind == "cpu")
             assert (AllCoresLoadingMixin in mro) == (kind == "cpu")
             if kind == "cpu":
-                assert mro.index(AllCoresLoadingMixin) < mro.index(LazyKVCacheMixin) < mro.index(base)
-    assert classes[paths.LAZY_KV_WORKER].__mro__[1:] == (AllCoresLoadingMixin, LazyKVCacheMixin, *CPUWorker.__mro__)
+                assert mro.index(AmxMixin) < mro.index(AllCoresLoadingMixin) < mro.index(LazyKVCacheMixin)
+                assert mro.index(LazyKVCacheMixin) < mro.index(base)
+    lazy_kv = classes[paths.LAZY_KV_WORKER].__mro__[1:]
+    assert lazy_kv == (AmxMixin, AllCoresLoadingMixin, LazyKVCacheMixin, *CPUWorker.__mro__)
     # (vLLM's CPUWorker is a subclass of its GPU Worker, not the other way round)
     assert not any(issubclass(classes[p], CPUWorker) for p in (GPU_VERIFIER, GPU_IDLER))
 
