@@ -17,6 +17,19 @@ def _cells() -> tuple[IdleCells, list[tuple[str, object]]]:
     return IdleCells(lambda t: []), events
 
 
+def _recording(events: list[tuple[str, object]]):
+    """An ``after`` that notes what it was told in ``events``."""
+
+    async def after(finished: bool) -> None:
+        events.append(("after", finished))
+
+    return after
+
+
+async def _never(b: int, k: int) -> None:
+    raise AssertionError("this cell must not begin")
+
+
 def test_a_finished_cell_counts_a_try_and_after_hears_it_finished():
     async def go():
         idle, events = _cells()
@@ -24,8 +37,7 @@ def test_a_finished_cell_counts_a_try_and_after_hears_it_finished():
         async def measure(b, k):
             events.append(("measure", (b, k, idle.label)))
 
-        async def after(finished):
-            events.append(("after", finished))
+        after = _recording(events)
 
         await idle.start((4, 3), measure, after, lambda: True)
         assert events == [("measure", (4, 3, "4 requests x K=3")), ("after", True)]
@@ -73,18 +85,14 @@ def test_a_failed_measurement_counts_and_a_claimed_cell_never_begins():
         async def failing(b, k):
             raise RuntimeError("the engine said no")
 
-        async def after(finished):
-            events.append(("after", finished))
+        after = _recording(events)
 
         for _ in range(FILL_TRIES):
             await idle.start((16, 1), failing, after, lambda: True)
         assert events == [("after", False)] * FILL_TRIES and idle.untried([(16, 1)]) == []
 
-        async def never(b, k):
-            raise AssertionError("a claimed cell must not measure")
-
         for _ in range(FILL_TRIES):  # claimed every time: never a try
-            await idle.start((16, 0), never, after, lambda: False)
+            await idle.start((16, 0), _never, after, lambda: False)
         assert len(events) == FILL_TRIES and idle.untried([(16, 0)]) == [(16, 0)]
         idle.forget_tries()
         assert idle.untried([(16, 1)]) == [(16, 1)]
@@ -105,8 +113,7 @@ def test_the_engine_going_away_cancels_the_measurement_and_skips_after():
                 cancelled.set()
                 raise
 
-        async def after(finished):
-            events.append(("after", finished))
+        after = _recording(events)
 
         task = idle.start((4, 1), measure, after, lambda: True)
         await started.wait()
@@ -121,20 +128,15 @@ def test_the_engine_going_away_cancels_the_measurement_and_skips_after():
 def test_a_cell_stopped_before_it_begins_never_measures_and_is_not_a_try():
     async def go():
         idle, events = _cells()
+        after = _recording(events)
 
-        async def never(b, k):
-            raise AssertionError("a stopped cell must not begin")
-
-        async def after(finished):
-            events.append(("after", finished))
-
-        task = idle.start((1, 3), never, after, lambda: True)
+        task = idle.start((1, 3), _never, after, lambda: True)
         await idle.stop()  # called before the task's first step
         await idle.stop()  # and again: nothing more to stop, nothing more to count
         assert task.cancelled() and events == [] and not idle.running()
         assert idle.untried([(1, 3)]) == [(1, 3)]
         for _ in range(FILL_TRIES):  # stopped every time: the tries still start from none
-            idle.start((1, 3), never, after, lambda: True)
+            idle.start((1, 3), _never, after, lambda: True)
             await idle.stop()
         assert idle.untried([(1, 3)]) == [(1, 3)]
 
