@@ -227,6 +227,13 @@ class LivePolicy:
         counts.add(s for s in self._steps_since(time.monotonic() - self.window_s) if not s.profiling_requests)
         return counts
 
+    def _profiler_drafts_since(self, t: float) -> PositionCounts:
+        """The drafts of the steps since ``t`` that carried the profiler's requests (a profile's, the
+        timed cells'): the acceptance a launch starts from where nothing else measured one."""
+        counts = PositionCounts(self.controller.k_max)
+        counts.add(s for s in self._steps_since(t) if s.profiling_requests)
+        return counts
+
     def remember_window(self) -> None:
         """Keep what ``alphas`` reads now, for when the window holds no drafts; positions the
         window did not refresh fade toward the launch's acceptance (``AcceptanceMemory.remember``)."""
@@ -293,8 +300,7 @@ class LivePolicy:
             self._cost_source = "profiled"
             # a prior in force before is set aside
             self._start_learning(cost, "profiled", "measured on this machine by this launch")
-            measured = PositionCounts(ctl.k_max)  # the profile's own drafts: what a later launch starts from
-            measured.add(s for s in self._steps_since(t_start) if s.profiling_requests)
+            measured = self._profiler_drafts_since(t_start)  # the profile's own: what a later launch starts from
             self._memory.start_from(known(measured))
             save_cached(self._cache_path, cost, measured)
         except asyncio.CancelledError:
@@ -342,9 +348,7 @@ class LivePolicy:
         if prior.acceptance is not None:
             self._memory.start_from(shipped_alphas)
         else:  # the timing's own drafts, where the prior ships none
-            timed_counts = PositionCounts(ctl.k_max)
-            timed_counts.add(s for s in self._steps_since(t_start) if s.profiling_requests)
-            self._memory.start_from(known(timed_counts))
+            self._memory.start_from(known(self._profiler_drafts_since(t_start)))
         note = (
             f"{prior.label}, scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter) by "
             f"{len(points)} timed cells on this machine"
