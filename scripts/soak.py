@@ -12,15 +12,16 @@ locked endpoints, uploading an oversized CSV, opening many sessions), run in a p
 own; ``--heavy N``, the comparison: N quiet visitors that only hold the background load a
 hostile visitor's many sessions are granted (``MAX_BACKGROUND_PER_VISITOR``) and poll like a page.
 Each user is a ``gradio_client`` session that, until the deadline, picks at
-random: run a preset prompt (16-48 tokens; a quarter of the runs are stopped with /stop once
-they stream, as a person presses Stop), move its load slider (0-8), poll
+random: run a preset prompt (16-48 tokens; a quarter of the runs are stopped once they stream,
+as a person presses Stop: a plain call to ``/gradio_api/run/stop`` outside the queue, as the page
+sends it), move its load slider (0-8), poll
 the live charts like an open page does, or close its tab (the client's
 heartbeat ends: Gradio's unload fires) and come back as a new session.
 Everything is bounded: loopback only, --duration seconds of actions, then every
 user leaves; the script waits up to --drain-s for the background load to end.
 
 Report (JSON last line): requests served, Stops pressed and runs that ended "Stopped" (a run
-may finish before its Stop lands), the well-behaved users' errors by kind (the hostile
+may finish before its Stop lands), the well-behaved users' errors by action and kind (the hostile
 users' outcomes apart), their step-to-screen latency (each streamed update's arrival at the
 client after the engine step it shows, ``data-t``: one clock, one machine; p50/p95), whether the
 engine-wide settings were the same at the end, background requests
@@ -117,8 +118,8 @@ class User(threading.Thread):
                     self.tally("tab_closes")
                     time.sleep(self.rng.uniform(0.5, 3.0))
                     client = self._connect()
-            except Exception as e:  # counted by kind; the soak goes on
-                self.tally(f"error: {type(e).__name__}: {str(e)[:80]}")
+            except Exception as e:  # counted by action and kind; the soak goes on
+                self.tally(f"error: {action}: {type(e).__name__}: {str(e)[:80]}")
                 time.sleep(1.0)
             time.sleep(self.rng.uniform(0.2, 1.5))
         if client is not None:
@@ -135,7 +136,7 @@ class User(threading.Thread):
             if t is not None:
                 self.latencies.append(time.monotonic() - t)
             if stop_it and out[0].get("streaming") and out[0].get("steps"):
-                client.predict(api_name="/stop")
+                self._press_stop(client)
                 self.tally("stops")
                 stop_it = False
             last = out
@@ -144,6 +145,17 @@ class User(threading.Thread):
         if stopped:
             self.tally("stopped")
         return bool(result and (result[4] or stopped))
+
+    def _press_stop(self, client: Client) -> None:
+        """Stop as the page sends it: a plain call outside the queue (``queue=False``), not an event on
+        the session's message stream, which the run's last message may be closing at that moment
+        (gradio_client then fails the event with an empty CancelledError)."""
+        httpx.post(
+            f"{self.url.rstrip('/')}/gradio_api/run/stop",
+            json={"data": [], "session_hash": client.session_hash},
+            headers={"x-forwarded-for": self.address},
+            timeout=CLIENT_TIMEOUT_S,
+        ).raise_for_status()
 
     def _connect(self) -> Client | None:
         for _ in range(5):
