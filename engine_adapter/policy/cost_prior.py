@@ -18,15 +18,20 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
   ratio and its drafter terms by what the K>0 cells leave for them (with no K=0 cell, both by the
   K>0 cells' own ratio; medians, each clamped to ``SCALE_RANGE``), its points scaled alike, with
   the two factors.
+- ``save_timing(path, prior, points, acceptance)`` / ``load_timing(path, prior)``: the cells a
+  launch timed, kept beside the cost cache (``timing_cache_path``) for the prior they scaled
+  (``prior_digest``), so a later launch on the same machine scales the same prior without timing
+  again (a ``CachedTiming``; None for another prior, a missing or malformed file).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -41,6 +46,7 @@ from engine_adapter.policy.profile_grid import ProfileGrid
 from engine_adapter.policy.profiler import acceptance_from_dict, acceptance_to_dict
 
 PRIORS_ENV = "SPEC_EXPLORER_COST_PRIORS"
+TIMING_SUFFIX = ".timing.json"  # beside the cost cache's own file: the cells timed against a prior
 SCALE_RANGE = (0.25, 4.0)  # a machine slower or faster than this is not the prior's kind: clamped
 TIMING_K = 3
 
@@ -185,3 +191,47 @@ def scale_prior(cost: CostModel, timed: list[CostPoint]) -> tuple[CostModel, flo
         for p in cost.points
     )
     return replace(scaled, points=points), verify, draft
+
+
+@dataclass(frozen=True)
+class CachedTiming:
+    points: list[CostPoint]  # the cells timed against the prior
+    acceptance: PositionCounts | None  # the timing's own drafts (what a prior without acceptance starts from)
+    date: str  # when they were timed, for the page
+
+
+def prior_digest(prior: ShippedPrior) -> str:
+    """The prior's fitted cost model, hashed: a timing is kept for exactly the prior it scaled."""
+    return hashlib.sha256(json.dumps(prior.cost.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def timing_cache_path(cost_cache: Path) -> Path:
+    """Where the timing of a prior lies, beside ``cost_cache`` (``profiler.config_cache_path``)."""
+    return cost_cache.with_name(cost_cache.stem + TIMING_SUFFIX)
+
+
+def save_timing(
+    path: Path, prior: ShippedPrior, points: Sequence[CostPoint], acceptance: PositionCounts | None
+) -> None:
+    saved = {
+        "prior": prior_digest(prior),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "points": [asdict(p) for p in points],
+        "acceptance": acceptance_to_dict(acceptance) if acceptance is not None else None,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(saved, indent=1))
+    tmp.replace(path)
+
+
+def load_timing(path: Path, prior: ShippedPrior) -> CachedTiming | None:
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("prior") != prior_digest(prior):
+            return None
+        points = [CostPoint(**p) for p in saved["points"]]
+        acceptance = acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None
+        return CachedTiming(points, acceptance, str(saved.get("date", ""))) if points else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None

@@ -7,7 +7,8 @@ service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
 
 - at ``engine_ready`` the cost model comes from the on-disk cache for this
   (models, method, machine); else from a shipped prior for this CPU kind and dtype
-  (``cost_prior``), scaled to this machine by timing two cells (seconds); else it is
+  (``cost_prior``), scaled to this machine by timing two cells (seconds; the cells are kept, and a
+  later launch on the same machine scales the same prior by them without timing); else it is
   measured right away: ``engine_ready`` returns only when it is done, so the service says
   ready (and takes visitors' requests) only after it; ``view()`` shows the progress and the
   cells measured so far meanwhile. Whatever its source, the model then learns from the
@@ -52,8 +53,17 @@ from engine_adapter.engine_config import EngineConfig
 from engine_adapter.policy.acceptance_memory import AcceptanceMemory, known
 from engine_adapter.policy.controller import COST_POLICIES, SLOT_POLICIES, PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
-from engine_adapter.policy.cost_model import CostModel, fit_cost_model
-from engine_adapter.policy.cost_prior import ShippedPrior, find_prior, first_request_k, scale_prior, timing_grid
+from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
+from engine_adapter.policy.cost_prior import (
+    ShippedPrior,
+    find_prior,
+    first_request_k,
+    load_timing,
+    save_timing,
+    scale_prior,
+    timing_cache_path,
+    timing_grid,
+)
 from engine_adapter.policy.idle_cells import IdleCells
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
@@ -314,47 +324,61 @@ class LivePolicy:
     async def _start_from_prior(
         self, prior: ShippedPrior, on_progress: Callable[[ProfileProgress], None] | None
     ) -> None:
-        """The shipped prior, scaled by timing ``timing_grid``'s two cells (one request at the K the
-        prior chooses for it with its own acceptance, then K=0); then learning (``_learn``).
-        If the timing fails the prior goes unscaled (said on the page); if anything else fails,
-        ``controller.cost`` stays None and the caller profiles as with no prior."""
+        """The shipped prior, scaled by the cells an earlier launch on this machine timed against it
+        (``cost_prior.load_timing``), else by timing ``timing_grid``'s two cells now (kept for the
+        next launch); then learning (``_learn``). If the timing fails the prior goes unscaled (said
+        on the page); if anything else fails, ``controller.cost`` stays None and the caller profiles
+        as with no prior."""
+        shipped_alphas = known(prior.acceptance) if prior.acceptance is not None else []
+        timing_path = timing_cache_path(self._cache_path)
+        cached = load_timing(timing_path, prior)
+        if cached is not None:
+            points, drafts = cached.points, cached.acceptance
+            timed_by = f"cells an earlier launch timed on this machine ({cached.date})"
+        else:
+            points, drafts = await self._time_prior(prior, shipped_alphas, on_progress)
+            timed_by = "timed cells on this machine"
+            if points:
+                save_timing(timing_path, prior, points, drafts)
+        try:
+            cost, verify, draft = scale_prior(prior.cost, points)
+        except Exception as e:  # a broken prior: measured as if none were shipped
+            self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
+            return
+        # the prior's acceptance, else the timing's own drafts
+        self._memory.start_from(shipped_alphas or (known(drafts) if drafts is not None else []))
+        scaled = f"scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter)"
+        note = f"{prior.label}, {scaled} by {len(points)} {timed_by}"
+        self._start_learning(cost, "shipped", note)
+        self.controller.cost, self._cost_source = cost, "shipped"
+
+    async def _time_prior(
+        self, prior: ShippedPrior, alphas: list[float], on_progress: Callable[[ProfileProgress], None] | None
+    ) -> tuple[list[CostPoint], PositionCounts | None]:
+        """Time ``timing_grid``'s cells (one request at the K the prior chooses for it with ``alphas``,
+        then K=0): the cells and their drafts; no cells (and ``view().error``) if the timing fails."""
         ctl, cfg = self.controller, self._config
         self._profiling = "timing this machine against the shipped cost model"
         t_start = time.monotonic()
-        shipped_alphas = known(prior.acceptance) if prior.acceptance is not None else []
         try:
             timed = await profile_engine(
                 ctl.client,
                 self._prompts,
                 ctl.k_max,
                 cfg.method == "draft",
-                grid=timing_grid(ctl.k_max, first_request_k(prior, shipped_alphas, ctl.k_max)),
+                grid=timing_grid(ctl.k_max, first_request_k(prior, alphas, ctl.k_max)),
                 progress=on_progress,
                 expect=prior.cost,
                 **self.profile_kwargs,
             )
-            points = list(timed.points)
+            return list(timed.points), self._profiler_drafts_since(t_start)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # the prior unscaled is still better than no model: said on the page
-            points, self._error = [], f"timing the shipped cost model failed ({e}): it is used unscaled"
+            self._error = f"timing the shipped cost model failed ({e}): it is used unscaled"
+            return [], None
         finally:
             self._profiling = None
-        try:
-            cost, verify, draft = scale_prior(prior.cost, points)
-        except Exception as e:  # a broken prior: measured as if none were shipped
-            self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
-            return
-        if prior.acceptance is not None:
-            self._memory.start_from(shipped_alphas)
-        else:  # the timing's own drafts, where the prior ships none
-            self._memory.start_from(known(self._profiler_drafts_since(t_start)))
-        note = (
-            f"{prior.label}, scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter) by "
-            f"{len(points)} timed cells on this machine"
-        )
-        self._start_learning(cost, "shipped", note)
-        ctl.cost, self._cost_source = cost, "shipped"
 
     def _start_learning(self, base: CostModel, source: str, note: str) -> None:
         """From now on ``base`` (from ``source``: "shipped", "cache" or "profiled", said on the page as

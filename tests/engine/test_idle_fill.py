@@ -9,15 +9,17 @@ after 1 s here (the app waits ``idle_fill.QUIET_S``)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from engine_adapter.engine.platform import cpu_platform
 from engine_adapter.policy.controller import PolicySpec
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
-from engine_adapter.policy.cost_prior import PRIORS_ENV, write_prior
+from engine_adapter.policy.cost_prior import PRIORS_ENV, TIMING_SUFFIX, write_prior
 from engine_adapter.policy.profile_grid import default_grid
 from engine_adapter.records import RequestResult
 from engine_adapter.service.engine_service import EngineService
@@ -114,3 +116,18 @@ def test_idle_time_fills_the_cells_traffic_has_not_reached(filling):
     assert svc.idle_fill.cells_started >= len(CELLS) - 2
     mixed = [s for s in svc.steps_since(0.0) if 0 < s.profiling_requests < s.batch_size]
     assert mixed == []
+
+
+def test_a_second_launch_scales_the_prior_by_the_cells_the_first_timed(filling, tiny):
+    """The cells a launch timed against the prior are kept beside the cost cache: the next launch on
+    the same machine scales the same prior by them and times nothing (the warm start's seconds)."""
+    svc = filling
+    kept = list((Path(os.environ["SPEC_EXPLORER_CACHE"]) / "cost").glob(f"*{TIMING_SUFFIX}"))
+    assert len(kept) == 1, kept
+    before = kept[0].read_text()
+    svc.start(tiny_config(tiny, "draft", "close", k=3, k_max=K_MAX)).result(timeout=300)
+    assert svc.status().state == "ready", svc.status()
+    view = svc.policy_view()
+    assert view.cost_source in ("shipped", "learned"), view
+    assert "cells an earlier launch timed on this machine" in view.cost_note, view.cost_note
+    assert kept[0].read_text() == before  # nothing timed again

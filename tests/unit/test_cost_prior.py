@@ -17,8 +17,11 @@ from engine_adapter.policy.cost_prior import (
     ShippedPrior,
     find_prior,
     first_request_k,
+    load_timing,
     prior_key,
+    save_timing,
     scale_prior,
+    timing_cache_path,
     timing_grid,
     write_prior,
 )
@@ -245,3 +248,24 @@ def test_two_heavy_cells_off_the_per_pass_line_do_not_tilt_the_ks_between():
     for k in (1, 2, 3):  # (K=0, never learned, follows the drafting cells' scale: scale_prior)
         assert learned.step_s(1, k) == pytest.approx(line.fit_step_s(1, k), rel=0.07), k
     assert derive_auto_table(learned, [0.9] * 5, 5, 16).k_by_batch[:4] == [3, 3, 3, 3]
+
+
+def test_the_cells_timed_against_a_prior_are_kept_for_that_prior_only(tmp_path):
+    prior = ShippedPrior(PRIOR, None, "a prior")
+    path = timing_cache_path(tmp_path / "cost" / "prior-key.json")
+    assert path.parent == tmp_path / "cost" and path.name != "prior-key.json"
+    assert load_timing(path, prior) is None  # nothing timed yet
+    drafts = PositionCounts(5)
+    drafts.accepted, drafts.reached = [8, 6, 4, 2, 1], [10, 8, 6, 4, 2]
+    timed = timed_on(shifted(TRUE, 1.6, 1.2))
+    save_timing(path, prior, timed, drafts)
+    kept = load_timing(path, prior)
+    assert kept is not None and kept.points == timed and kept.acceptance.accepted == drafts.accepted
+    # the kept cells scale the prior exactly as the timing did
+    assert scale_prior(PRIOR, kept.points)[1:] == scale_prior(PRIOR, timed)[1:]
+    other = ShippedPrior(shifted(PRIOR, 1.1, 1.0), None, "another prior")  # a new prior shipped: time again
+    assert load_timing(path, other) is None
+    save_timing(path, prior, timed, None)
+    assert load_timing(path, prior).acceptance is None
+    path.write_text("{not json")
+    assert load_timing(path, prior) is None
