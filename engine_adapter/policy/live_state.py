@@ -165,6 +165,7 @@ class LivePolicy:
         # per draft position, the acceptance last measured (the launch's, then the windows'): a window
         # with no drafts in it (a long spell at K=0, a launch with a cached cost model) keeps it
         self._memory = AcceptanceMemory()
+        self._remembered_seq = -1  # the last engine step the memory took (``remember_window``)
 
     # --- lifecycle (service loop) ------------------------------------------
     async def engine_ready(
@@ -183,6 +184,7 @@ class LivePolicy:
             )
             return
         self._why_not = None
+        self._remembered_seq = -1  # a new engine counts its steps from the start
         platform = engine.process.platform  # the machine the engine was launched on
         self._grid, self._cache_path = config_profile_grid(config, platform), config_cache_path(config, platform)
         ctl = PolicyController(client, config.k_max, config.max_num_seqs)
@@ -245,9 +247,15 @@ class LivePolicy:
         return counts
 
     def remember_window(self) -> None:
-        """Keep what ``alphas`` reads now, for when the window holds no drafts; positions the
-        window did not refresh fade toward the launch's acceptance (``AcceptanceMemory.remember``)."""
-        self._memory.remember(self._window_counts())
+        """Keep what ``alphas`` reads now, for when the window holds no drafts, with the drafts of the
+        steps not remembered before; positions the window did not refresh fade toward the launch's
+        acceptance (``AcceptanceMemory.remember``)."""
+        steps = [s for s in self._steps_since(time.monotonic() - self.window_s) if not s.profiling_requests]
+        window, new = PositionCounts(self.controller.k_max), PositionCounts(self.controller.k_max)
+        window.add(steps)
+        new.add(s for s in steps if s.seq > self._remembered_seq)
+        self._remembered_seq = max((s.seq for s in steps), default=self._remembered_seq)
+        self._memory.remember(window, new)
 
     async def apply(self, spec: PolicySpec) -> PolicyState | None:
         """Apply now, or (while profiling) check now and apply when profiling ends."""

@@ -16,6 +16,7 @@ from dataclasses import replace
 import pytest
 
 from engine_adapter.acceptance import PositionCounts
+from engine_adapter.policy.acceptance_memory import MIN_REACHED
 from engine_adapter.policy.controller import PolicyController
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.k_policy import derive_auto_table
@@ -85,6 +86,33 @@ def test_a_window_without_drafts_keeps_the_last_measurement():
     assert live.alphas() == pytest.approx(measured)
     live.remember_window()  # a round of the auto loop with nothing new: the memory stays
     assert live.alphas() == pytest.approx(measured)
+
+
+def test_a_short_requests_drafts_move_the_memory_once_each():
+    """A 64-token request at K=3 runs about 13 steps: too few for the window to read on its own,
+    enough to say its text accepts more than the launch's acceptance; the next request drafts by
+    what it measured. Each step counts once however many rounds it stays in the window."""
+    history = _Steps()
+    live = _policy(history)
+    now = time.monotonic()
+    # an earlier text, measured and gone from the window: 12 of 20 drafts kept at each position
+    history.steps = [_step(i, now - 5, (int(i < 12),) * 3, (1, 1, 1)) for i in range(20)]
+    live.remember_window()
+    history.steps = [replace(s, t=now - 600) for s in history.steps]
+    live.remember_window()
+    before = live.alphas()
+    assert all(0.55 < b < 0.65 for b in before), before
+    history.steps += [_step(20 + i, now - 5, (1, 1, 1), (1, 1, 1)) for i in range(13)]  # every draft kept
+    live.remember_window()
+    moved = live.alphas()
+    assert moved == pytest.approx([(13 + MIN_REACHED * b) / (13 + MIN_REACHED) for b in before])
+    for _ in range(12):  # the auto loop's rounds while the same steps stay in the window
+        live.remember_window()
+    assert live.alphas() == pytest.approx(moved)
+    history.steps += [_step(33 + i, now - 1, (0, 0, 0), (1, 0, 0)) for i in range(13)]  # a hard text next
+    live.remember_window()
+    after = live.alphas()
+    assert after[0] < moved[0] - 0.1 and after[1:] == pytest.approx(moved[1:])  # untested positions keep
 
 
 def test_the_profilers_drafts_are_not_the_visitors_acceptance():
