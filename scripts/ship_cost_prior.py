@@ -6,8 +6,8 @@ Builds the engine config ``app.py`` would from the same arguments, reads the cos
 first start measured on this machine (``~/.cache/spec-explorer/cost/``, the profiler's cache;
 start the app once with these arguments first, or use ``--reprofile`` in the sweep) and writes
 it with its acceptance to ``cost_priors/`` as ``engine_adapter.policy.cost_prior`` reads it,
-keyed by the models, method, dtype and this machine's CPU kind. A later first start on a machine
-of the same kind scales it by timing two cells instead of profiling. Prints the file written
+keyed by the models, method, dtype and this machine's CPU kind (and whether it has AMX). A later
+first start on a machine of the same kind scales it by timing two cells instead of profiling. Prints the file written
 and its key, then JSON as the last line.
 """
 
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     saved = json.loads(cache.read_text())
     saved.pop(ACCEPTANCE_KEY, None)
     cost = CostModel.from_dict(saved)
-    name = "_".join(str(key[f]) for f in ("cpu_kind", "dtype", "target", "method", "k_max"))
+    kind = f"{key['cpu_kind']} AMX" if key["amx"] else key["cpu_kind"]
+    name = "_".join([kind, *(str(key[f]) for f in ("dtype", "target", "method", "k_max"))])
     path = cost_priors_dir() / (re.sub(r"[^A-Za-z0-9.]+", "-", name).strip("-").lower() + ".json")
     written = write_prior(path, config, platform, cost, load_cached_acceptance(cache))
     print(f"wrote {path}\nkey {written['key']}\ncells {len(cost.points)}")

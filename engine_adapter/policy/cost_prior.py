@@ -7,10 +7,13 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
 (``scripts/ship_cost_prior.py``).
 
 - ``prior_key(config, platform)``: what a prior must match to stand for an engine: the models by
-  name, the method, the dtype, the CPU kind (``engine_config.cpu_kind``), K's range, the cores
-  the worker leaves free, the idle drafter and the batch limit. A GPU engine has none (None).
+  name, the method, the dtype, the CPU kind (``engine_config.cpu_kind``), whether the CPU has AMX,
+  K's range, the cores the worker leaves free, the idle drafter and the batch limit. A GPU engine
+  has none (None).
 - ``find_prior(config, platform)``: the matching ``ShippedPrior`` (its fitted ``cost``, its
-  ``acceptance`` and a ``label`` for the page), or None.
+  ``acceptance`` and a ``label`` for the page), or None; where none was measured with the same
+  matrix unit (AMX: a batch's step costs far less against one request's than without it), one of
+  the same CPU kind without it.
 - ``timing_grid(k_max, k_first)``: the cells timed at start to scale a prior to this machine (one
   request at ``first_request_k``, the unscaled prior's own choice for one request, else
   min(3, k_max); then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
@@ -49,6 +52,7 @@ PRIORS_ENV = "SPEC_EXPLORER_COST_PRIORS"
 TIMING_SUFFIX = ".timing.json"  # beside the cost cache's own file: the cells timed against a prior
 SCALE_RANGE = (0.25, 4.0)  # a machine slower or faster than this is not the prior's kind: clamped
 TIMING_K = 3
+AMX_FLAGS = frozenset({"amx_bf16", "amx_int8", "amx_tile"})  # a matrix unit: batched steps far cheaper
 
 
 @dataclass(frozen=True)
@@ -69,15 +73,18 @@ def _model_name(spec: str) -> str:
     return path.name if path.is_dir() else spec
 
 
-def prior_key(config: EngineConfig, platform: Platform) -> dict[str, Any] | None:
+def prior_key(config: EngineConfig, platform: Platform, flags: frozenset[str] | None = None) -> dict[str, Any] | None:
+    """What a prior stands for (None on a GPU or without live policies); ``flags``: this CPU's."""
     if platform.is_gpu or not config.live_policies:
         return None
+    flags = cpu_flags() if flags is None else flags
     return variant_key(config.variant) | {
         "target": _model_name(config.target),
         "draft": _model_name(config.draft) if config.method == "draft" else None,
         "method": config.method,
         "dtype": resolve_dtype(config.dtype, on_cpu=True),
-        "cpu_kind": cpu_kind(cpu_flags()),
+        "cpu_kind": cpu_kind(flags),
+        "amx": bool(flags & AMX_FLAGS),
         "k_max": config.k_max,
         "reserved_cpus": config.reserved_cpus,
         "idle_drafter": config.drafter_idles,
@@ -85,39 +92,54 @@ def prior_key(config: EngineConfig, platform: Platform) -> dict[str, Any] | None
     }
 
 
-def find_prior(config: EngineConfig, platform: Platform, folder: Path | None = None) -> ShippedPrior | None:
-    key = prior_key(config, platform)
+def _kind_key(key: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in key.items() if k != "amx"}
+
+
+def find_prior(
+    config: EngineConfig, platform: Platform, folder: Path | None = None, flags: frozenset[str] | None = None
+) -> ShippedPrior | None:
+    """The prior for ``prior_key``: one measured with the same matrix unit (AMX or none) first,
+    else one of the same CPU kind without it (scaled like any other)."""
+    key = prior_key(config, platform, flags)
     folder = folder or cost_priors_dir()
     if key is None or not folder.is_dir():
         return None
+    found: list[tuple[bool, ShippedPrior]] = []
     for path in sorted(folder.glob("*.json")):
         try:
             saved = json.loads(path.read_text())
-            if saved.get("key") != key:
+            saved_key = saved.get("key") or {}
+            if _kind_key(saved_key) != _kind_key(key):
                 continue
             kept = CostModel.from_dict(saved["cost"])
             cost = fit_cost_model(kept.points, drafter_runs_model=config.method == "draft")
-            return ShippedPrior(
-                cost,
-                acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None,
-                _label(key, saved.get("measured", {})),
-            )
+            acceptance = acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None
+            prior = ShippedPrior(cost, acceptance, _label(saved_key, saved.get("measured", {})))
+            found.append((saved_key.get("amx", False) != key["amx"], prior))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             continue
-    return None
+    return min(found, key=lambda f: f[0])[1] if found else None
 
 
 def _label(key: dict[str, Any], measured: dict[str, Any]) -> str:
     where = measured.get("hardware", "a machine of that kind")
     when = measured.get("date", "")
-    return f"shipped for {key['cpu_kind']} in {key['dtype']} (measured on {where}{', ' + when if when else ''})"
+    kind = f"{key['cpu_kind']}{' with AMX' if key.get('amx') else ''}"
+    return f"shipped for {kind} in {key['dtype']} (measured on {where}{', ' + when if when else ''})"
 
 
 def write_prior(
-    path: Path, config: EngineConfig, platform: Platform, cost: CostModel, acceptance: PositionCounts | None
+    path: Path,
+    config: EngineConfig,
+    platform: Platform,
+    cost: CostModel,
+    acceptance: PositionCounts | None,
+    flags: frozenset[str] | None = None,
 ) -> dict[str, Any]:
-    """Write the prior a profile of ``config`` on this machine makes; returns what was written."""
-    key = prior_key(config, platform)
+    """Write the prior a profile of ``config`` on this machine (``flags``: its CPU's) makes; returns
+    what was written."""
+    key = prior_key(config, platform, flags)
     if key is None:
         raise ValueError("a prior is for a CPU engine with live policies (k_max)")
     facts = machine_facts(config.dtype)

