@@ -235,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--cold", action="store_true", help="an empty cost-model cache (models linked in)")
     which.add_argument("--warm", action="store_true", help="the usual cache, cost model included")
     p.add_argument(
-        "--keep-cache", action="store_true", help="--cold: copy the measured cost model into the usual cache"
+        "--keep-cache",
+        action="store_true",
+        help="--cold: copy the cost cache (a profile, a prior's timed cells) to the usual cache",
     )
     p.add_argument("--app-args", default="", help="more arguments for app.py, one string")
     p.add_argument("--prompt", default=FIRST_PROMPT)

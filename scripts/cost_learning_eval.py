@@ -157,7 +157,8 @@ def main() -> None:
     for path in sorted(cost_priors_dir().glob("*.json")):
         saved = json.loads(path.read_text())
         line = fit_cost_model(CostModel.from_dict(saved["cost"]).points, drafter_runs_model=True)
-        kind = f"{saved['key']['cpu_kind']} {saved['key']['dtype']}"
+        amx = " AMX" if saved["key"].get("amx") else ""
+        kind = f"{saved['key']['cpu_kind']}{amx} {saved['key']['dtype']}"
         print(f"== {kind} (shipped prior {path.name})")
         rows = evaluate(line, weights)
         for r in rows:

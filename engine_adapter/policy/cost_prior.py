@@ -12,8 +12,8 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
   has none (None).
 - ``find_prior(config, platform)``: the matching ``ShippedPrior`` (its fitted ``cost``, its
   ``acceptance`` and a ``label`` for the page), or None; where none was measured with the same
-  matrix unit (AMX: a batch's step costs far less against one request's than without it), one of
-  the same CPU kind without it.
+  matrix unit (AMX: a batch's step costs far less against one request's than without it), the
+  same CPU kind's other one.
 - ``timing_grid(k_max, k_first)``: the cells timed at start to scale a prior to this machine (one
   request at ``first_request_k``, the unscaled prior's own choice for one request, else
   min(3, k_max); then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
@@ -23,8 +23,11 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
   the two factors.
 - ``save_timing(path, prior, points, acceptance)`` / ``load_timing(path, prior)``: the cells a
   launch timed, kept beside the cost cache (``timing_cache_path``) for the prior they scaled
-  (``prior_digest``), so a later launch on the same machine scales the same prior without timing
-  again (a ``CachedTiming``; None for another prior, a missing or malformed file).
+  (``prior_digest``: its cells and acceptance), so a later launch on the same machine scales the
+  same prior without timing again (a ``CachedTiming``; None for another prior, a missing or
+  malformed file). ``save_timing`` returns False where the file could not be written (the launch
+  goes on; the next one times again). ``covers(points, grid)``: whether timed cells hold every
+  cell of the grid (a timing cut short is not kept).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -41,7 +45,7 @@ from typing import Any
 
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.engine.platform import Platform, machine_facts
-from engine_adapter.engine_config import EngineConfig, cpu_flags, cpu_kind, resolve_dtype, variant_key
+from engine_adapter.engine_config import EngineConfig, cpu_dtype, cpu_flags, cpu_kind, variant_key
 from engine_adapter.package_data import data_path
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.k_policy import one_request_outlook
@@ -82,7 +86,7 @@ def prior_key(config: EngineConfig, platform: Platform, flags: frozenset[str] | 
         "target": _model_name(config.target),
         "draft": _model_name(config.draft) if config.method == "draft" else None,
         "method": config.method,
-        "dtype": resolve_dtype(config.dtype, on_cpu=True),
+        "dtype": cpu_dtype(flags) if config.dtype == "auto" else config.dtype,
         "cpu_kind": cpu_kind(flags),
         "amx": bool(flags & AMX_FLAGS),
         "k_max": config.k_max,
@@ -100,7 +104,7 @@ def find_prior(
     config: EngineConfig, platform: Platform, folder: Path | None = None, flags: frozenset[str] | None = None
 ) -> ShippedPrior | None:
     """The prior for ``prior_key``: one measured with the same matrix unit (AMX or none) first,
-    else one of the same CPU kind without it (scaled like any other)."""
+    else the same CPU kind's other one (scaled like any other)."""
     key = prior_key(config, platform, flags)
     folder = folder or cost_priors_dir()
     if key is None or not folder.is_dir():
@@ -223,8 +227,18 @@ class CachedTiming:
 
 
 def prior_digest(prior: ShippedPrior) -> str:
-    """The prior's fitted cost model, hashed: a timing is kept for exactly the prior it scaled."""
-    return hashlib.sha256(json.dumps(prior.cost.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+    """The prior's cells and acceptance, hashed: a timing is kept for exactly the prior it scaled
+    (the cells timed depend on both: the drafting cell's K is the prior's choice for one request)."""
+    shipped = {
+        "points": [asdict(p) for p in prior.cost.points],
+        "acceptance": acceptance_to_dict(prior.acceptance) if prior.acceptance is not None else None,
+    }
+    return hashlib.sha256(json.dumps(shipped, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def covers(points: Sequence[CostPoint], grid: ProfileGrid) -> bool:
+    """Whether ``points`` hold every (batch size, K) cell of ``grid``."""
+    return {(p.batch_size, p.k) for p in points} >= set(grid.cells)
 
 
 def timing_cache_path(cost_cache: Path) -> Path:
@@ -234,17 +248,25 @@ def timing_cache_path(cost_cache: Path) -> Path:
 
 def save_timing(
     path: Path, prior: ShippedPrior, points: Sequence[CostPoint], acceptance: PositionCounts | None
-) -> None:
+) -> bool:
     saved = {
         "prior": prior_digest(prior),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "points": [asdict(p) for p in points],
         "acceptance": acceptance_to_dict(acceptance) if acceptance is not None else None,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(saved, indent=1))
-    tmp.replace(path)
+    tmp: Path | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as f:
+            tmp = Path(f.name)
+            f.write(json.dumps(saved, indent=1))
+        tmp.replace(path)
+        return True
+    except OSError:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        return False
 
 
 def load_timing(path: Path, prior: ShippedPrior) -> CachedTiming | None:
@@ -252,7 +274,10 @@ def load_timing(path: Path, prior: ShippedPrior) -> CachedTiming | None:
         saved = json.loads(path.read_text())
         if saved.get("prior") != prior_digest(prior):
             return None
-        points = [CostPoint(**p) for p in saved["points"]]
+        points = [
+            CostPoint(int(p["batch_size"]), int(p["k"]), int(p["num_tokens"]), float(p["step_s"]), int(p["samples"]))
+            for p in saved["points"]
+        ]
         acceptance = acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None
         return CachedTiming(points, acceptance, str(saved.get("date", ""))) if points else None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):

@@ -56,6 +56,7 @@ from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.cost_prior import (
     ShippedPrior,
+    covers,
     find_prior,
     first_request_k,
     load_timing,
@@ -340,19 +341,20 @@ class LivePolicy:
         shipped_alphas = known(prior.acceptance) if prior.acceptance is not None else []
         timing_path = timing_cache_path(self._cache_path)
         cached = load_timing(timing_path, prior)
+        grid = timing_grid(self.controller.k_max, first_request_k(prior, shipped_alphas, self.controller.k_max))
         if cached is not None:
             points, drafts = cached.points, cached.acceptance
             timed_by = f"cells an earlier launch timed on this machine ({cached.date})"
         else:
-            points, drafts = await self._time_prior(prior, shipped_alphas, on_progress)
+            points, drafts = await self._time_prior(prior, grid, on_progress)
             timed_by = "timed cells on this machine"
-            if points:
-                save_timing(timing_path, prior, points, drafts)
         try:
             cost, verify, draft = scale_prior(prior.cost, points)
         except Exception as e:  # a broken prior: measured as if none were shipped
             self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
             return
+        if cached is None and covers(points, grid):  # a timing cut short is not kept: the next launch times again
+            save_timing(timing_path, prior, points, drafts)  # not written (a full disk): the next launch times
         # the prior's acceptance, else the timing's own drafts
         self._memory.start_from(shipped_alphas or (known(drafts) if drafts is not None else []))
         scaled = f"scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter)"
@@ -361,10 +363,10 @@ class LivePolicy:
         self.controller.cost, self._cost_source = cost, "shipped"
 
     async def _time_prior(
-        self, prior: ShippedPrior, alphas: list[float], on_progress: Callable[[ProfileProgress], None] | None
+        self, prior: ShippedPrior, grid: ProfileGrid, on_progress: Callable[[ProfileProgress], None] | None
     ) -> tuple[list[CostPoint], PositionCounts | None]:
-        """Time ``timing_grid``'s cells (one request at the K the prior chooses for it with ``alphas``,
-        then K=0): the cells and their drafts; no cells (and ``view().error``) if the timing fails."""
+        """Time ``grid``'s cells (``timing_grid``'s: one request at the K the prior chooses for it, then
+        K=0): the cells and their drafts; no cells (and ``view().error``) if the timing fails."""
         ctl, cfg = self.controller, self._config
         self._profiling = "timing this machine against the shipped cost model"
         t_start = time.monotonic()
@@ -374,7 +376,7 @@ class LivePolicy:
                 self._prompts,
                 ctl.k_max,
                 cfg.method == "draft",
-                grid=timing_grid(ctl.k_max, first_request_k(prior, alphas, ctl.k_max)),
+                grid=grid,
                 progress=on_progress,
                 expect=prior.cost,
                 **self.profile_kwargs,

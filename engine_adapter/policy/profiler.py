@@ -47,7 +47,8 @@ does not profile again, with the acceptance per draft position that the profile'
 drafts measured (``save_cached``/``load_cached_acceptance``): a later launch's K
 policies start from that measurement, not from a guess (under a guess of 0.5 the
 auto table chose K=0 at every batch size, and so never measured anything to correct
-it).
+it). The cells a launch timed against a shipped prior lie beside that file
+(``cost_prior.timing_cache_path``).
 """
 
 from __future__ import annotations

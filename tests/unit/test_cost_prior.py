@@ -16,6 +16,7 @@ from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_mode
 from engine_adapter.policy.cost_prior import (
     SCALE_RANGE,
     ShippedPrior,
+    covers,
     find_prior,
     first_request_k,
     load_timing,
@@ -264,12 +265,23 @@ def test_the_cells_timed_against_a_prior_are_kept_for_that_prior_only(tmp_path):
     assert kept is not None and kept.points == timed and kept.acceptance.accepted == drafts.accepted
     # the kept cells scale the prior exactly as the timing did
     assert scale_prior(PRIOR, kept.points)[1:] == scale_prior(PRIOR, timed)[1:]
-    other = ShippedPrior(shifted(PRIOR, 1.1, 1.0), None, "another prior")  # a new prior shipped: time again
+    other_cells = fit_cost_model(cells(shifted(TRUE, 1.1, 1.0)), drafter_runs_model=True)
+    other = ShippedPrior(other_cells, None, "another prior")  # a new prior shipped: time again
     assert load_timing(path, other) is None
     save_timing(path, prior, timed, None)
     assert load_timing(path, prior).acceptance is None
     path.write_text("{not json")
     assert load_timing(path, prior) is None
+    save_timing(path, prior, timed, None)
+    path.write_text(path.read_text().replace('"step_s": ', '"step_s": "slow", "was": '))
+    assert load_timing(path, prior) is None  # a cell's time that is no number: timed again
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    assert save_timing(timing_cache_path(blocked / "k.json"), prior, timed, None) is False  # the launch goes on
+    assert list(tmp_path.glob("**/*.tmp")) == []
+    assert covers(timed, timing_grid(5)) and not covers(timed[:1], timing_grid(5))  # a timing cut short
+    other_acceptance = ShippedPrior(PRIOR, drafts, "the same cells, shipped with acceptance")
+    assert load_timing(path, other_acceptance) is None  # its first request's K may differ: timed again
 
 
 def test_an_amx_machine_takes_the_prior_measured_with_amx_and_any_other_the_kinds_own(tmp_path):
@@ -287,6 +299,9 @@ def test_an_amx_machine_takes_the_prior_measured_with_amx_and_any_other_the_kind
     assert on_amx.cost.step_s(16, 3) == pytest.approx(faster_batches.step_s(16, 3), rel=1e-6)
     assert "with AMX" not in without.label and without.cost.step_s(16, 3) == pytest.approx(PRIOR.step_s(16, 3))
     assert find_prior(cfg, cpu, tmp_path, flags=frozenset({"avx2"})) is None  # another kind
+    auto = config(dtype="auto")  # the dtype the flags' CPU runs, not this machine's
+    assert prior_key(auto, cpu, amx)["dtype"] == "bfloat16"
+    assert prior_key(auto, cpu, frozenset({"avx2"}))["dtype"] == "float32"
 
 
 @pytest.mark.parametrize(
