@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 from gradio_client import Client
 
@@ -48,16 +49,24 @@ def test_stop_ends_the_callers_own_run_with_a_stopped_view_and_no_error(app_url)
     the run takes new engine steps (their times, ``data-t``, are CLOCK_MONOTONIC, system-wide, so
     later than the moment that /stop returned here); its own /stop, GOES_ON_S later, ends it
     normally (the tiny pair needs 3-8 s for its 1000 tokens), with a last update that says how far
-    it got."""
+    it got. Both Stops are plain calls to ``/run/stop`` with the session's hash, as the page sends
+    them outside the queue: through gradio_client each would go through its client's message
+    stream (opened at its first call), a latency of the client's, not the app's, against a run of
+    a few seconds."""
     runner, other = Client(app_url, verbose=False), Client(app_url, verbose=False)
+
+    def stop(client: Client) -> None:
+        url = f"{app_url.rstrip('/')}/gradio_api/run/stop"
+        httpx.post(url, json={"data": [], "session_hash": client.session_hash}).raise_for_status()
+
     job = runner.submit("Write a very long essay about the sea.", 0.0, 1000, api_name="/run")
     other_stopped_at: float | None = None
     for view, *_ in job:
         if view["streaming"] and view["steps"] >= 1 and other_stopped_at is None:
-            other.predict(api_name="/stop")
+            stop(other)
             other_stopped_at = time.monotonic()
             time.sleep(GOES_ON_S)
-            runner.predict(api_name="/stop")
+            stop(runner)
     view, card, *_ = job.outputs()[-1]
     assert other_stopped_at is not None and job.exception() is None
     assert view["footer"].startswith("Stopped: ") and not view["streaming"], view["footer"]
