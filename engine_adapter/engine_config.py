@@ -169,14 +169,14 @@ def _has_distribution(name: str) -> bool:
         return False
 
 
-def resolve_dtype(dtype: str, on_cpu: bool | None = None) -> str:
-    """``auto``: on a CPU engine, ``cpu_dtype`` of this CPU; on a GPU vLLM's own ``auto`` (the
-    model's dtype). Any other value is passed through. ``on_cpu`` is the engine's platform
-    (``Platform.is_gpu``, negated); None = whether the installed vLLM is the CPU build."""
+def resolve_dtype(dtype: str, on_cpu: bool | None = None, flags: frozenset[str] | None = None) -> str:
+    """``auto``: on a CPU engine, ``cpu_dtype`` of this CPU (of one with ``flags``); on a GPU vLLM's
+    own ``auto`` (the model's dtype). Any other value is passed through. ``on_cpu`` is the engine's
+    platform (``Platform.is_gpu``, negated); None = whether the installed vLLM is the CPU build."""
     cpu = on_cpu_build() if on_cpu is None else on_cpu
     if dtype != "auto" or not cpu:
         return dtype
-    return cpu_dtype(cpu_flags())
+    return cpu_dtype(cpu_flags() if flags is None else flags)
 
 
 def suffix_available() -> bool:

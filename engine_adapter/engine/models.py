@@ -18,6 +18,7 @@ Contract:
 - ``progress(stage, fraction)`` is called for "assemble", "convert", "done"; assembly also
   shows a tqdm bar on stderr.
 - ``model_pair_shares_tokenizer(target_dir, draft_dir)``: may this draft serve this target?
+- ``write_cache_file(path, text)``: a file in the cache written whole or not at all.
 - ``python -m engine_adapter.engine.models [spec ...]`` resolves specs (default: both defaults) and
   prints one directory per line, so an install script can pre-build the cache.
 """
@@ -94,6 +95,19 @@ PACKAGED: tuple[PackagedModel, ...] = (
 def default_cache_dir() -> Path:
     env = os.environ.get("SPEC_EXPLORER_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "spec-explorer"
+
+
+def write_cache_file(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all: into a temporary file beside it, named by this
+    process and thread (two writers never share one), then renamed over it. ``OSError`` if it
+    cannot be written; the temporary file is gone either way."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def hub_offline_env() -> bool:

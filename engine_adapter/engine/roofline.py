@@ -108,6 +108,7 @@ def machine_bandwidth_gbs(threads: int, cache_dir: Path) -> float:
     """``read_bandwidth_gbs(threads)`` of this machine, measured once in a child process (the
     caller never imports torch; a few seconds, before an engine runs) and kept in ``cache_dir``
     by CPU model, core count and threads. ``RuntimeError`` if the measurement fails."""
+    from engine_adapter.engine.models import write_cache_file
     from engine_adapter.engine.platform import machine_facts
 
     facts = machine_facts()
@@ -124,10 +125,7 @@ def machine_bandwidth_gbs(threads: int, cache_dir: Path) -> float:
     if done.returncode != 0:
         raise RuntimeError(f"measuring the read bandwidth failed: {done.stderr.strip()[-300:]}")
     gbs = float(done.stdout.strip().splitlines()[-1])
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(known | {key: round(gbs, 3)}) + "\n")
-    tmp.replace(path)
+    write_cache_file(path, json.dumps(known | {key: round(gbs, 3)}) + "\n")
     return gbs
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -44,8 +43,9 @@ from statistics import median
 from typing import Any
 
 from engine_adapter.acceptance import PositionCounts
+from engine_adapter.engine.models import write_cache_file
 from engine_adapter.engine.platform import Platform, machine_facts
-from engine_adapter.engine_config import EngineConfig, cpu_dtype, cpu_flags, cpu_kind, variant_key
+from engine_adapter.engine_config import EngineConfig, cpu_flags, cpu_kind, resolve_dtype, variant_key
 from engine_adapter.package_data import data_path
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.k_policy import one_request_outlook
@@ -86,7 +86,7 @@ def prior_key(config: EngineConfig, platform: Platform, flags: frozenset[str] | 
         "target": _model_name(config.target),
         "draft": _model_name(config.draft) if config.method == "draft" else None,
         "method": config.method,
-        "dtype": cpu_dtype(flags) if config.dtype == "auto" else config.dtype,
+        "dtype": resolve_dtype(config.dtype, on_cpu=True, flags=flags),
         "cpu_kind": cpu_kind(flags),
         "amx": bool(flags & AMX_FLAGS),
         "k_max": config.k_max,
@@ -255,17 +255,10 @@ def save_timing(
         "points": [asdict(p) for p in points],
         "acceptance": acceptance_to_dict(acceptance) if acceptance is not None else None,
     }
-    tmp: Path | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp", delete=False) as f:
-            tmp = Path(f.name)
-            f.write(json.dumps(saved, indent=1))
-        tmp.replace(path)
+        write_cache_file(path, json.dumps(saved, indent=1))
         return True
     except OSError:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)
         return False
 
 

@@ -66,7 +66,7 @@ from pathlib import Path
 from statistics import median
 
 from engine_adapter.acceptance import PositionCounts
-from engine_adapter.engine.models import default_cache_dir
+from engine_adapter.engine.models import default_cache_dir, write_cache_file
 from engine_adapter.engine.platform import Platform, cpu_name
 from engine_adapter.engine.server_args import async_scheduling, batched_tokens, eager
 from engine_adapter.engine_config import EngineConfig, resolve_dtype, variant_key
@@ -182,10 +182,7 @@ def save_cached(path: Path, model: CostModel, acceptance: PositionCounts | None 
     saved = model.to_dict()
     if acceptance is not None:
         saved[ACCEPTANCE_KEY] = acceptance_to_dict(acceptance)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(saved, indent=1))
-    tmp.replace(path)
+    write_cache_file(path, json.dumps(saved, indent=1))
 
 
 def estimate_profile_s(cost: CostModel, grid: ProfileGrid, steps_per_cell: int = STEPS_PER_CELL) -> float:
