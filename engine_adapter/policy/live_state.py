@@ -232,12 +232,15 @@ class LivePolicy:
         enough, else the remembered (``AcceptanceMemory.alphas``)."""
         return self._memory.alphas(self._window_counts())
 
-    def _window_counts(self) -> PositionCounts:
-        """The window's drafts, the profiler's left out: acceptance is the text's, and the text
+    def _window_steps(self) -> list[EngineStep]:
+        """The window's steps, the profiler's left out: acceptance is the text's, and the text
         auto drafts for is the visitors' and the load's, not the profiler's prompts (a profile's
         drafts seed the memory instead, ``AcceptanceMemory.start_from``)."""
+        return [s for s in self._steps_since(time.monotonic() - self.window_s) if not s.profiling_requests]
+
+    def _window_counts(self) -> PositionCounts:
         counts = PositionCounts(self.controller.k_max if self.controller else 0)
-        counts.add(s for s in self._steps_since(time.monotonic() - self.window_s) if not s.profiling_requests)
+        counts.add(self._window_steps())
         return counts
 
     def _profiler_drafts_since(self, t: float) -> PositionCounts:
@@ -251,7 +254,7 @@ class LivePolicy:
         """Keep what ``alphas`` reads now, for when the window holds no drafts, with the drafts of the
         steps not remembered before; positions the window did not refresh fade toward the launch's
         acceptance (``AcceptanceMemory.remember``)."""
-        steps = [s for s in self._steps_since(time.monotonic() - self.window_s) if not s.profiling_requests]
+        steps = self._window_steps()
         window, new = PositionCounts(self.controller.k_max), PositionCounts(self.controller.k_max)
         window.add(steps)
         new.add(s for s in steps if s.seq > self._remembered_seq)
