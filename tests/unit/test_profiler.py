@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine_adapter.engine.tap_receiver import summarize
@@ -77,11 +79,11 @@ def test_the_time_left_is_the_cost_models_estimate_scaled_by_the_pace_so_far():
     grid = ProfileGrid((1, 4, 16), tuple(default_ks(3)))
     meter = ProfileMeter(grid, 4, expect, None)
     cells = cell_estimates_s(expect, grid, 4)
-    assert meter.left_s((), 0.0, 0.0) == pytest.approx(sum(cells))  # before a cell: the estimate itself
+    assert meter.left_s((), 0.0) == pytest.approx(sum(cells))  # before a cell: the estimate itself
     for b, k in grid.cells[:4]:
         meter.cell_done(b, k)
     # the cells done took 1.5 times the estimate (a slower machine, or the switches' overhead): so will the rest
-    assert meter.left_s((), 1.5 * sum(cells[:4]), 0.3) == pytest.approx(1.5 * sum(cells[4:]))
+    assert meter.left_s((), 1.5 * sum(cells[:4])) == pytest.approx(1.5 * sum(cells[4:]))
 
 
 def test_without_a_cost_model_the_time_left_comes_from_the_cells_measured_so_far():
@@ -90,7 +92,8 @@ def test_without_a_cost_model_the_time_left_comes_from_the_cells_measured_so_far
     one_size = [CostPoint(1, k, k + 1, _hinge(1, k), 4) for k in (3, 1, 0)]
     for b, k in grid.cells[:3]:
         meter.cell_done(b, k)
-    assert meter.left_s(one_size, 3.0, 0.25) == pytest.approx(3.0 * 0.75 / 0.25)  # one batch size: the pace
+    frac = meter.fraction  # the weights' share of the cells done
+    assert 0 < frac < 0.25 and meter.left_s(one_size, 3.0) == pytest.approx(3.0 * (1 - frac) / frac)  # the pace
     two_sizes = [*one_size, *(CostPoint(4, k, 4 * (k + 1), _hinge(4, k), 4) for k in (3, 1, 0))]
     for b, k in grid.cells[3:6]:
         meter.cell_done(b, k)
@@ -98,7 +101,35 @@ def test_without_a_cost_model_the_time_left_comes_from_the_cells_measured_so_far
     # the fits to the six cells price the batch of 16 they have not seen: one too cheap, one too dear
     truth = sum((4 + SETTLE_STEPS + ACK_STEPS) * _hinge(16, k) for k in (3, 1, 0))
     truth += (1 + 16 * PREFILL_STEPS_PER_REQUEST) * _hinge(16, 3)
-    assert meter.left_s(two_sizes, elapsed, 0.4) == pytest.approx(truth, rel=0.1)
+    assert meter.left_s(two_sizes, elapsed) == pytest.approx(truth, rel=0.1)
+
+
+def test_before_two_batch_sizes_the_cells_weigh_what_the_kinds_shipped_step_times_say():
+    # a matrix unit's machine: a batch costs little more than one request, K's passes most
+    machine = CostModel(base_s=0.28, slope_s=0.002, knee_tokens=4, draft_s=0.1, first_s=0.1)
+    grid = ProfileGrid((1, 4, 16), (3, 1, 0), one_request_ks=(5,))
+    truth = cell_estimates_s(machine, grid, 4)
+    other_models = replace(machine, base_s=0.14, draft_s=0.05, first_s=0.05)  # the kind's prior: half the step
+    by_shape, by_weight = ProfileMeter(grid, 4, None, None, other_models), ProfileMeter(grid, 4, None, None)
+    first = [(b, k) for b, k in grid.cells if b == 1]
+    for meter in (by_shape, by_weight):
+        for b, k in first:
+            meter.cell_done(b, k)
+    one_size = [CostPoint(1, k, k + 1, machine.fit_step_s(1, k), 4) for _, k in first]
+    left = sum(truth[len(first) :])
+    # other models' step times, the batches' slope unhalved: near, not exact
+    assert by_shape.left_s(one_size, sum(truth[: len(first)])) == pytest.approx(left, rel=0.1)
+    said = by_weight.left_s(one_size, sum(truth[: len(first)]))  # 1 + b(K+1)/8: batches priced too dear
+    assert said > 1.5 * left
+    for meter in (by_shape, by_weight):
+        for b, k in grid.cells[len(first) : len(first) + 3]:
+            meter.cell_done(b, k)
+    two_sizes = [*one_size, *(CostPoint(4, k, 4 * (k + 1), machine.fit_step_s(4, k), 4) for k in (3, 1, 0))]
+    elapsed, frac = sum(truth[: len(first) + 3]), by_shape.fraction
+    by_fits = by_weight.left_s(two_sizes, elapsed)  # from two batch sizes: the fits, and with the kind's...
+    by_pace = elapsed * (1 - frac) / frac  # ...step times, the mean of the fits and the pace over them
+    assert by_shape.left_s(two_sizes, elapsed) == pytest.approx((by_fits + by_pace) / 2)
+    assert by_fits != pytest.approx(by_pace, rel=0.01)
 
 
 @pytest.mark.parametrize(
