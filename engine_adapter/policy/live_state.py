@@ -5,8 +5,8 @@ event loop, ``await engine_ready(engine, config, on_progress)`` after every
 (re)start and ``engine_gone()`` before every stop. Callers (through the
 service) use ``apply(spec)``, ``measure(on_progress)`` and ``view()``:
 
-- at ``engine_ready`` the cost model comes from the on-disk cache for this
-  (models, method, machine); else from a shipped prior for this CPU kind and dtype
+- at ``engine_ready`` the cost model comes (``cost_start.CostStarter``) from the on-disk cache for
+  this (models, method, machine); else from a shipped prior for this CPU kind and dtype
   (``cost_prior``), scaled to this machine by timing two cells (seconds; the cells are kept, and a
   later launch on the same machine scales the same prior by them without timing); else it is
   measured right away: ``engine_ready`` returns only when it is done, so the service says
@@ -49,35 +49,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine_adapter.acceptance import PositionCounts
+from engine_adapter.engine.platform import Platform
 from engine_adapter.engine_config import EngineConfig
-from engine_adapter.policy.acceptance_memory import AcceptanceMemory, known
+from engine_adapter.policy.acceptance_memory import AcceptanceMemory
 from engine_adapter.policy.controller import COST_POLICIES, SLOT_POLICIES, PolicyController, PolicySpec, PolicyState
 from engine_adapter.policy.cost_learning import MIN_LEARN_SAMPLES, CostLearner
-from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
-from engine_adapter.policy.cost_prior import (
-    ShippedPrior,
-    covers,
-    find_prior,
-    first_request_k,
-    kind_shape,
-    load_timing,
-    save_timing,
-    scale_prior,
-    timing_cache_path,
-    timing_grid,
-)
+from engine_adapter.policy.cost_model import CostModel
+from engine_adapter.policy.cost_prior import find_prior, kind_shape
+from engine_adapter.policy.cost_start import CostStart, CostStarter
 from engine_adapter.policy.idle_cells import IdleCells
 from engine_adapter.policy.k_policy import AutoTable, derive_auto_table
 from engine_adapter.policy.profile_grid import ProfileGrid, config_profile_grid
-from engine_adapter.policy.profiler import (
-    ProfileProgress,
-    config_cache_path,
-    estimate_profile_s,
-    load_cached,
-    load_cached_acceptance,
-    profile_engine,
-    save_cached,
-)
+from engine_adapter.policy.profiler import ProfileProgress, config_cache_path, estimate_profile_s, profile_engine
 from engine_adapter.records import IDLE_MEASURE_TAG, EngineStep
 
 MAX_PREVIEW_BATCH = 64  # batch sizes the auto-table chart shows
@@ -152,6 +135,7 @@ class LivePolicy:
         self._config: EngineConfig | None = None
         self._grid: ProfileGrid | None = None  # the engine's profile cells (``profile_grid``), set at engine_ready
         self._cache_path: Path | None = None  # its cost model's cache file (``config_cache_path``)
+        self._starter: CostStarter | None = None  # where its cost model comes from (``cost_start``)
         self._why_not: str | None = "no engine"
         self._cost_source: str | None = None
         self._learning: CostLearning | None = None  # replaced whole: page threads read it
@@ -197,16 +181,20 @@ class LivePolicy:
             spec, config.k_table or [(1, config.max_num_seqs, config.k)], client.controls_sent, time.monotonic()
         )
         self.changes.append((time.monotonic(), spec.to_dict()))
-        ctl.cost = load_cached(self._cache_path, config.method == "draft")
-        self._cost_source = "cache" if ctl.cost else None
-        if ctl.cost is not None:
-            self._start_learning(ctl.cost, "cache", "measured earlier on this machine (cache)")
-        measured = load_cached_acceptance(self._cache_path) if ctl.cost else None
-        self._memory.start_from(known(measured) if measured else [])
-        if ctl.cost is None and (prior := find_prior(config, platform)) is not None:
-            await self._start_from_prior(prior, on_progress)
-        if ctl.cost is None:  # weighed, until it measured two batch sizes, by this CPU kind's prior for other models
-            await self._measure(on_progress, shape=kind_shape(config, platform))
+        self._cost_source = None
+        self._memory.start_from([])
+        self._starter = CostStarter(
+            client,
+            config.k_max,
+            config.method == "draft",
+            self._prompts,
+            self._grid,
+            self._cache_path,
+            self._steps_since,
+            self._profiling_status,
+            self.profile_kwargs,
+        )
+        await self._start_cost_model(config, platform, on_progress)
         start = spec if self.default_policy == "configured" else PolicySpec(self.default_policy, config.k)
         await self._apply_after_profile(self._pending or start, fallback=spec)
         self._tasks.append(asyncio.create_task(self._auto_loop()))
@@ -219,6 +207,7 @@ class LivePolicy:
                 await t
         self._tasks.clear()
         self.controller = None
+        self._starter = None
         self._derived = None
         self._profiling = None
         self._measured = None
@@ -242,13 +231,6 @@ class LivePolicy:
     def _window_counts(self) -> PositionCounts:
         counts = PositionCounts(self.controller.k_max if self.controller else 0)
         counts.add(self._window_steps())
-        return counts
-
-    def _profiler_drafts_since(self, t: float) -> PositionCounts:
-        """The drafts of the steps since ``t`` that carried the profiler's requests (a profile's, the
-        timed cells'): the acceptance a launch starts from where nothing else measured one."""
-        counts = PositionCounts(self.controller.k_max)
-        counts.add(s for s in self._steps_since(t) if s.profiling_requests)
         return counts
 
     def remember_window(self) -> None:
@@ -289,114 +271,36 @@ class LivePolicy:
         await self.stop_filling()
         ctl = self.controller
         restore = ctl.state.spec if ctl.state else config_spec(self._config)
-        await self._measure(on_progress)
+        self._take(await self._starter.profiled(ctl.cost, None, on_progress))
         await self._apply_after_profile(self._pending or restore, fallback=config_spec(self._config))
 
-    async def _measure(
-        self, on_progress: Callable[[ProfileProgress], None] | None, shape: CostModel | None = None
+    async def _start_cost_model(
+        self, config: EngineConfig, platform: Platform, on_progress: Callable[[ProfileProgress], None] | None
     ) -> None:
-        """Run the profile (its cells weighed by ``shape`` while no model is in force,
-        ``profiler.cell_shares``); the cost model (and the cache) on success, ``view().error`` on failure."""
-        ctl, cfg, grid = self.controller, self._config, self._grid
-        self._profiling = "starting"
-        t_start = time.monotonic()
+        """The cost model a started engine runs under: the cache's, else a shipped prior scaled to
+        this machine, else a profile now (``cost_start``), weighed until it measured two batch sizes
+        by the step times shipped for this CPU kind for other models (``cost_prior.kind_shape``)."""
+        self._take(self._starter.cached())
+        if self.controller.cost is None and (prior := find_prior(config, platform)) is not None:
+            self._take(await self._starter.from_prior(prior, on_progress))
+        if self.controller.cost is None:
+            self._take(await self._starter.profiled(None, kind_shape(config, platform), on_progress))
 
-        def progress(p: ProfileProgress) -> None:
-            left = f", about {p.left_s:.0f} s left" if p.left_s else ""
-            self._profiling = f"{p.message} ({p.fraction:.0%}{left})"
-            if len(p.points) >= 2:
-                self._measured = fit_cost_model(
-                    p.points, drafter_runs_model=cfg.method == "draft", capture_sizes=grid.capture_sizes
-                )
-            if on_progress is not None:
-                on_progress(p)
-
-        try:
-            cost = await profile_engine(
-                ctl.client,
-                self._prompts,
-                ctl.k_max,
-                cfg.method == "draft",
-                grid=grid,
-                progress=progress,
-                expect=ctl.cost,
-                shape=shape,
-                **self.profile_kwargs,
-            )
-            ctl.cost = cost
-            self._cost_source = "profiled"
-            # a prior in force before is set aside
-            self._start_learning(cost, "profiled", "measured on this machine by this launch")
-            measured = self._profiler_drafts_since(t_start)  # the profile's own: what a later launch starts from
-            self._memory.start_from(known(measured))
-            save_cached(self._cache_path, cost, measured)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # shown in the page; policies without a cost model still work
-            self._error = f"profiling failed: {e}"
-        finally:
-            self._profiling = None
-            self._measured = None
-
-    async def _start_from_prior(
-        self, prior: ShippedPrior, on_progress: Callable[[ProfileProgress], None] | None
-    ) -> None:
-        """The shipped prior, scaled by the cells an earlier launch on this machine timed against it
-        (``cost_prior.load_timing``), else by timing ``timing_grid``'s two cells now (kept for the
-        next launch); then learning (``_learn``). If the timing fails the prior goes unscaled (said
-        on the page); if anything else fails, ``controller.cost`` stays None and the caller profiles
-        as with no prior."""
-        shipped_alphas = known(prior.acceptance) if prior.acceptance is not None else []
-        timing_path = timing_cache_path(self._cache_path)
-        cached = load_timing(timing_path, prior)
-        grid = timing_grid(self.controller.k_max, first_request_k(prior, shipped_alphas, self.controller.k_max))
-        if cached is not None:
-            points, drafts = cached.points, cached.acceptance
-            timed_by = f"cells an earlier launch timed on this machine ({cached.date})"
-        else:
-            points, drafts = await self._time_prior(prior, grid, on_progress)
-            timed_by = "timed cells on this machine"
-        try:
-            cost, verify, draft = scale_prior(prior.cost, points)
-        except Exception as e:  # a broken prior: measured as if none were shipped
-            self._error = f"the shipped cost model could not be used ({e}): measuring this machine instead"
+    def _take(self, start: CostStart) -> None:
+        """Put a source's model in force (a model in force before is set aside) with the acceptance
+        it measured, and let it learn; a failure is said on the page."""
+        if start.error is not None:
+            self._error = start.error
+        if start.cost is None:
             return
-        if cached is None and covers(points, grid):  # a timing cut short is not kept: the next launch times again
-            save_timing(timing_path, prior, points, drafts)  # not written (a full disk): the next launch times
-        # the prior's acceptance, else the timing's own drafts
-        self._memory.start_from(shipped_alphas or (known(drafts) if drafts is not None else []))
-        scaled = f"scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter)"
-        note = f"{prior.label}, {scaled} by {len(points)} {timed_by}"
-        self._start_learning(cost, "shipped", note)
-        self.controller.cost, self._cost_source = cost, "shipped"
+        self.controller.cost, self._cost_source = start.cost, start.source
+        self._start_learning(start.cost, start.source, start.note)
+        self._memory.start_from(start.acceptance)
 
-    async def _time_prior(
-        self, prior: ShippedPrior, grid: ProfileGrid, on_progress: Callable[[ProfileProgress], None] | None
-    ) -> tuple[list[CostPoint], PositionCounts | None]:
-        """Time ``grid``'s cells (``timing_grid``'s: one request at the K the prior chooses for it, then
-        K=0): the cells and their drafts; no cells (and ``view().error``) if the timing fails."""
-        ctl, cfg = self.controller, self._config
-        self._profiling = "timing this machine against the shipped cost model"
-        t_start = time.monotonic()
-        try:
-            timed = await profile_engine(
-                ctl.client,
-                self._prompts,
-                ctl.k_max,
-                cfg.method == "draft",
-                grid=grid,
-                progress=on_progress,
-                expect=prior.cost,
-                **self.profile_kwargs,
-            )
-            return list(timed.points), self._profiler_drafts_since(t_start)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # the prior unscaled is still better than no model: said on the page
-            self._error = f"timing the shipped cost model failed ({e}): it is used unscaled"
-            return [], None
-        finally:
-            self._profiling = None
+    def _profiling_status(self, text: str | None, measured: CostModel | None) -> None:
+        """What a measurement says while it runs (``CostStarter.on_status``): the page's progress
+        text, the cells measured so far; None when it ends."""
+        self._profiling, self._measured = text, measured
 
     def _start_learning(self, base: CostModel, source: str, note: str) -> None:
         """From now on ``base`` (from ``source``: "shipped", "cache" or "profiled", said on the page as
