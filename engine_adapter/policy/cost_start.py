@@ -115,11 +115,11 @@ class CostStarter:
             return CostStart(None, error=f"profiling failed: {e}")
         finally:
             self.on_status(None, None)
-        drafts = self._profiler_drafts_since(t_start)  # the profile's own: what a later launch starts from
-        error = None
+        drafts, error = PositionCounts(self.k_max), None
         try:
+            drafts = self._profiler_drafts_since(t_start)  # the profile's own: what a later launch starts from
             save_cached(self.cache_path, cost, drafts)
-        except OSError as e:  # in force all the same; the next launch measures again
+        except Exception as e:  # in force all the same; the next launch measures again
             error = f"the cost model could not be kept for later launches ({e})"
         return CostStart(cost, "profiled", "measured on this machine by this launch", known(drafts), error)
 

@@ -413,7 +413,7 @@ class ProfileMeter:
     @property
     def fraction(self) -> float:
         """The share of the profile's time the cells done stand for (``cell_shares``)."""
-        return self._done / self._total
+        return self._done / self._total if self._total > 0 else 0.0
 
     def left_s(self, points: Sequence[CostPoint], elapsed_s: float) -> float | None:
         """Seconds the cells not yet done will take (None: nothing to go by yet)."""

@@ -4,6 +4,8 @@ tests/engine/test_cold_start.py and test_idle_fill.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from engine_adapter.acceptance import PositionCounts
@@ -12,7 +14,7 @@ from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_mode
 from engine_adapter.policy.cost_prior import ShippedPrior, save_timing, scale_prior, timing_cache_path, timing_grid
 from engine_adapter.policy.cost_start import CostStart, CostStarter
 from engine_adapter.policy.profile_grid import default_grid
-from engine_adapter.policy.profiler import save_cached
+from engine_adapter.policy.profiler import ProfileProgress, save_cached
 
 MACHINE = CostModel(base_s=0.2, slope_s=0.01, knee_tokens=4, draft_s=0.03, first_s=0.04)
 PRIOR = fit_cost_model(
@@ -27,7 +29,7 @@ class NoEngine:
         raise AssertionError(f"the engine was used ({name})")
 
 
-def starter(cache: str, statuses: list) -> CostStarter:
+def starter(cache: Path, statuses: list) -> CostStarter:
     return CostStarter(
         NoEngine(), 5, True, ["a prompt"], default_grid(5), cache, lambda t: [], lambda *s: statuses.append(s)
     )
@@ -73,3 +75,32 @@ async def test_a_prior_that_cannot_be_scaled_leaves_no_model_and_says_why(tmp_pa
     save_timing(timing_cache_path(tmp_path / "cost.json"), prior, timed, None)
     start = await starter(tmp_path / "cost.json", []).from_prior(prior, None)
     assert start.cost is None and "could not be used (no cells): measuring this machine instead" in start.error
+
+
+async def test_a_profile_is_cached_and_one_that_cannot_be_kept_stays_in_force_and_says_so(tmp_path, monkeypatch):
+    async def profile(client, prompts, k_max, drafter_runs_model, **kw):
+        kw["progress"](ProfileProgress(0.5, "4 requests x K=3 (cell 5 of 10)", 12.0, tuple(PRIOR.points[:4])))
+        return PRIOR
+
+    monkeypatch.setattr("engine_adapter.policy.cost_start.profile_engine", profile)
+    statuses: list = []
+    start = await starter(tmp_path / "cost.json", statuses).profiled(None, None, None)
+    assert start.source == "profiled" and start.cost is PRIOR and start.error is None
+    assert statuses[0] == ("starting", None) and statuses[-1] == (None, None)
+    text, measured = statuses[1]
+    assert text == "4 requests x K=3 (cell 5 of 10) (50%, about 12 s left)" and measured is not None
+    assert starter(tmp_path / "cost.json", []).cached().source == "cache"  # the next launch starts from it
+    (tmp_path / "blocked").write_text("")
+    kept = await starter(tmp_path / "blocked" / "cost.json", []).profiled(None, None, None)
+    assert kept.cost is PRIOR and "could not be kept for later launches" in kept.error
+
+
+async def test_a_profile_that_fails_leaves_no_model_and_says_why(tmp_path, monkeypatch):
+    async def profile(*args, **kw):
+        raise RuntimeError("the engine stopped")
+
+    monkeypatch.setattr("engine_adapter.policy.cost_start.profile_engine", profile)
+    statuses: list = []
+    failed = await starter(tmp_path / "cost.json", statuses).profiled(None, None, None)
+    assert failed == CostStart(None, error="profiling failed: the engine stopped")
+    assert statuses == [("starting", None), (None, None)] and not (tmp_path / "cost.json").exists()
