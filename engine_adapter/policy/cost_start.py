@@ -12,7 +12,8 @@ it, the acceptance per draft position the K policies start from, and an ``error`
 - ``await from_prior(prior, on_progress)``: a shipped prior (``cost_prior``) scaled by the cells an
   earlier launch on this machine timed against it (``load_timing``), else by timing
   ``timing_grid``'s two cells now (kept for the next launch); unscaled, with an error, if the
-  timing fails; no model, with an error, if the prior cannot be scaled (the caller profiles);
+  timing fails; no model, with an error, if the prior cannot be scaled (the caller profiles); a
+  factor held at ``cost_prior.SCALE_RANGE``'s bound is said in the note;
 - ``await profiled(expect, shape, on_progress)``: a profile now (``profiler.profile_engine``; its
   time left priced by ``expect``, the model in force, else weighed by ``shape``,
   ``cost_prior.kind_shape``), kept in the cache with the profile's own drafts (where the cache
@@ -35,6 +36,7 @@ from engine_adapter.acceptance import PositionCounts
 from engine_adapter.policy.acceptance_memory import known
 from engine_adapter.policy.cost_model import CostModel, CostPoint, fit_cost_model
 from engine_adapter.policy.cost_prior import (
+    SCALE_RANGE,
     ShippedPrior,
     covers,
     first_request_k,
@@ -145,6 +147,8 @@ class CostStarter:
             save_timing(timing_path, prior, points, drafts)  # not written (a full disk): the next launch times
         scaled = f"scaled ×{verify:.2f} (verification) and ×{draft:.2f} (drafter)"
         note = f"{prior.label}, {scaled} by {len(points)} {timed_by}"
+        if {verify, draft} & set(SCALE_RANGE):
+            note += " (the scaling's limit: this machine differs more from the prior's; its own steps correct it)"
         # the prior's acceptance, else the timing's own drafts
         acceptance = shipped_alphas or (known(drafts) if drafts is not None else [])
         return CostStart(cost, "shipped", note, acceptance, error)

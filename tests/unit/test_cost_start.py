@@ -4,6 +4,7 @@ tests/engine/test_cold_start.py and test_idle_fill.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,20 @@ async def test_a_profile_that_fails_leaves_no_model_and_says_why(tmp_path, monke
     failed = await starter(tmp_path / "cost.json", statuses).profiled(None, None, None)
     assert failed == CostStart(None, error="profiling failed: the engine stopped")
     assert statuses == [("starting", None), (None, None)] and not (tmp_path / "cost.json").exists()
+
+
+async def test_a_machine_beyond_the_scalings_range_is_said_in_the_note(tmp_path):
+    prior = ShippedPrior(PRIOR, None, "shipped for a kind")
+    grid = timing_grid(5, None)
+    timed = [
+        CostPoint(p.batch_size, p.k, p.num_tokens, 10 * p.step_s, 6)
+        for p in PRIOR.points
+        if (p.batch_size, p.k) in grid.cells
+    ]
+    save_timing(timing_cache_path(tmp_path / "cost.json"), prior, timed, None)
+    start = await starter(tmp_path / "cost.json", []).from_prior(prior, None)
+    assert "×4.00 (verification)" in start.note and "the scaling's limit" in start.note
+    save_timing(
+        timing_cache_path(tmp_path / "cost.json"), prior, [replace(p, step_s=p.step_s / 10) for p in timed], None
+    )
+    assert "limit" not in (await starter(tmp_path / "cost.json", []).from_prior(prior, None)).note
