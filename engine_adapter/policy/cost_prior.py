@@ -38,7 +38,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import median
@@ -102,15 +102,19 @@ def _kind_key(key: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in key.items() if k != "amx"}
 
 
-def _shipped(folder: Path, drafter_runs_model: bool) -> Iterator[tuple[dict[str, Any], ShippedPrior]]:
-    """Each prior in ``folder`` with its key, refitted (the fit may have changed, not the data);
-    a file that does not parse is passed over."""
+def _shipped(
+    folder: Path, drafter_runs_model: bool, wanted: Callable[[dict[str, Any]], bool]
+) -> Iterator[tuple[dict[str, Any], ShippedPrior]]:
+    """Each prior in ``folder`` whose key is ``wanted``, with its key, refitted (the fit may have
+    changed, not the data); a file that does not parse is passed over."""
     if not folder.is_dir():
         return
     for path in sorted(folder.glob("*.json")):
         try:
             saved = json.loads(path.read_text())
-            saved_key = dict(saved.get("key") or {})
+            saved_key = saved.get("key") or {}
+            if not wanted(saved_key):
+                continue
             kept = CostModel.from_dict(saved["cost"])
             cost = fit_cost_model(kept.points, drafter_runs_model=drafter_runs_model)
             acceptance = acceptance_from_dict(saved["acceptance"]) if saved.get("acceptance") else None
@@ -130,8 +134,9 @@ def find_prior(
         return None
     found = [
         (saved_key.get("amx", False) != key["amx"], prior)
-        for saved_key, prior in _shipped(folder or cost_priors_dir(), config.method == "draft")
-        if _kind_key(saved_key) == _kind_key(key)
+        for saved_key, prior in _shipped(
+            folder or cost_priors_dir(), config.method == "draft", lambda saved: _kind_key(saved) == _kind_key(key)
+        )
     ]
     return min(found, key=lambda f: f[0])[1] if found else None
 
@@ -146,10 +151,13 @@ def kind_shape(
     key = prior_key(config, platform, flags)
     if key is None:
         return None
+
+    def same_kind(saved: dict[str, Any]) -> bool:
+        return (saved.get("cpu_kind"), saved.get("dtype")) == (key["cpu_kind"], key["dtype"])
+
     found = [
         ((saved_key.get("amx", False) != key["amx"], saved_key.get("method") != key["method"]), prior.cost)
-        for saved_key, prior in _shipped(folder or cost_priors_dir(), config.method == "draft")
-        if (saved_key.get("cpu_kind"), saved_key.get("dtype")) == (key["cpu_kind"], key["dtype"])
+        for saved_key, prior in _shipped(folder or cost_priors_dir(), config.method == "draft", same_kind)
     ]
     return min(found, key=lambda f: f[0])[1] if found else None
 
