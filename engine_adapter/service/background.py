@@ -7,7 +7,8 @@ shared fairly between visitors, a cap per visitor, idle and age limits per sessi
 the granted total on the engine (``client`` None: the engine is not serving, the asks wait);
 ``janitor_round(client)`` expires idle and aged sessions and replaces workers that ended, so
 the load lives as long as the engine; ``stop()`` ends the requests (the asks are kept for the
-next engine). ``share(session)`` is one session's view (``BackgroundShare``), with why its load
+next engine). ``mix()`` is the task kinds the load runs, ``choose_kinds(kinds)`` narrows them
+(on the loop). ``share(session)`` is one session's view (``BackgroundShare``), with why its load
 stopped if it did; ``changes`` the (monotonic t, total) at each change, for the charts.
 Readers (``share``, ``stats``, ``tokens_per_second``, ``changes``) may run on any thread.
 """
@@ -21,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from engine_adapter.engine.client import EngineClient
 from engine_adapter.prompts import Preset
-from engine_adapter.service.backend import BackgroundShare, Visitor
+from engine_adapter.service.backend import BackgroundShare, LoadMix, Visitor
 from engine_adapter.service.fair_share import (
     MAX_BACKGROUND,
     MAX_BACKGROUND_PER_VISITOR,
@@ -47,6 +48,8 @@ class SharedBackground:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.prompts = list(prompts)
+        self.all_prompts = tuple(prompts)  # what ``choose_kinds`` chooses from
+        self._kinds: tuple[str, ...] = ()  # the task kinds the load runs (): all of them
         self.max_tokens = max_tokens
         self._clock = clock
         self.sessions = SessionLoads(cap=cap, idle_s=idle_s, visitor_cap=visitor_cap, max_age_s=max_age_s)
@@ -63,6 +66,22 @@ class SharedBackground:
         self.prompts = list(prompts)
         if self.load is not None:
             self.load.set_prompts(self.prompts)
+
+    def mix(self) -> LoadMix:
+        """The task kinds the load's presets have, and those its requests come from."""
+        available = tuple(dict.fromkeys(p.category for p in self.all_prompts if isinstance(p, Preset) and p.category))
+        return LoadMix(available, self._kinds or available)
+
+    def choose_kinds(self, kinds: Sequence[str]) -> LoadMix:
+        """The load's next requests come from the presets of ``kinds`` only (every kind: all);
+        raises ValueError for a kind the load has no preset of."""
+        available = self.mix().available
+        chosen = tuple(dict.fromkeys(kinds))
+        if not chosen or not set(chosen) <= set(available):
+            raise ValueError(f"choose among the load's task kinds: {', '.join(available) or 'none'}; got {kinds!r}")
+        self.set_prompts([p for p in self.all_prompts if isinstance(p, Preset) and p.category in chosen])
+        self._kinds = () if set(chosen) == set(available) else chosen
+        return self.mix()
 
     @property
     def cap(self) -> int:

@@ -65,18 +65,11 @@ from engine_adapter.service.foreground import ForegroundRequests
 from engine_adapter.service.history import EngineHistory
 from engine_adapter.service.idle_fill import IdleFill
 from engine_adapter.service.load import LoadStats
-from engine_adapter.service.quant_lens import LensMachine, LensView, QuantLens, lens_machine
+from engine_adapter.service.quant_lens import LensView
 from engine_adapter.service.restart_gate import RestartGate
 from engine_adapter.service.service_loop import ServiceLoop
-from engine_adapter.service.speedup_probe import (
-    ProbeEngine,
-    SpeedSettings,
-    SpeedupProbe,
-    SpeedupView,
-    check_probe_args,
-    probe_prompts,
-    speed_settings,
-)
+from engine_adapter.service.speed_desk import SpeedDesk
+from engine_adapter.service.speedup_probe import ProbeEngine, SpeedSettings, SpeedupView
 from engine_adapter.service.twin import SpeculationOffTwin
 from engine_adapter.service.watchdog import EngineGuard
 
@@ -130,7 +123,6 @@ class EngineService:
         self._start_measuring_since: float | None = None  # when the (re)start under way began measuring
         self._lock = asyncio.Lock()  # created lazily in our loop (see _locked)
         self._bg_prompts = list(background_prompts)
-        self._load_kinds: tuple[str, ...] = ()  # the kinds the load runs (): all of them
         self.max_background = max_background
         # each browser session's ask; the cap is shared fairly between visitors (service/background.py)
         self.background = SharedBackground(
@@ -158,9 +150,8 @@ class EngineService:
         self._fill_task: asyncio.Task | None = None
         # live K policies and the measured cost model (engines started with k_max)
         profile_prompts = [p.prompt if isinstance(p, Preset) else p for p in self._bg_prompts]
-        self.probe = SpeedupProbe()  # the speedup at this load, a presenter's measurement
-        self.lens = QuantLens()  # the probe's figures per model variant (service.quant_lens)
-        self._probe_machine: LensMachine | None = None  # the roofline of the engine the probe ran on
+        # the speedup at this load and its figures per model variant, a presenter's measurements
+        self.speed = SpeedDesk([p for p in self._bg_prompts if isinstance(p, Preset)])
         self.live_policy = LivePolicy(self.steps_since, profile_prompts, **(policy_options or {}))
         # a shipped prior's cells that traffic has not reached, measured while nobody uses the engine
         self.idle_fill = IdleFill(self.live_policy, self._in_use, **(idle_fill_options or {}))
@@ -399,7 +390,7 @@ class EngineService:
 
     # --- the speedup at this load (a presenter's measurement) ---------------
     def speedup_view(self) -> SpeedupView:
-        return self.probe.view()
+        return self.speed.view()
 
     def speed_settings(self) -> SpeedSettings | None:
         """The settings line for a speed figure measured now (None: no engine ready)."""
@@ -407,49 +398,34 @@ class EngineService:
         if engine is None or self._status.state != "ready":
             return None
         policy = state.spec if state is not None else config_spec(cfg or EngineConfig())
-        return self._settings_for(engine, policy)
-
-    def _settings_for(self, engine: LiveEngine, policy: PolicySpec) -> SpeedSettings:
-        stats = self.background.stats()
-        platform = engine.process.platform if engine.process is not None else None
-        return speed_settings(self._status.config, platform, policy, stats.in_flight if stats else 0)
+        return self.speed.settings(engine, cfg, policy, self._load_in_flight())
 
     async def measure_speedup(self, repeats: int = 2, max_tokens: int = 64) -> SpeedupView:
         """Measure plain decoding against the policy in force on one prompt of each task kind,
-        under the load as it is (``service.speedup_probe``); returns once it has begun."""
+        under the load as it is (``service.speed_desk``); returns once it has begun."""
         return await self._call(self._begin_probe(int(repeats), int(max_tokens)))
 
     async def _begin_probe(self, repeats: int, max_tokens: int) -> SpeedupView:
-        check_probe_args(repeats, max_tokens)
         engine = await self._ready_engine()
-        view = self.live_policy.view()
-        if not view.available or view.state is None or view.profiling:
-            raise RuntimeError(f"measuring the speedup needs a live K policy in force ({view.why_not or 'not yet'})")
-        prompts = probe_prompts([p for p in self._bg_prompts if isinstance(p, Preset)])
-        settings = self._settings_for(engine, view.state.spec)
-        self._probe_machine = lens_machine(engine.process, self._status.config)
-        run = self.probe.start(
-            ProbeEngine(
-                engine.client,
-                lambda: self._engine is engine,
-                self.live_policy.apply,
-                lambda control: self.history.acknowledged(control, idle=lambda: engine.client.in_flight == 0),
-            ),
-            view.state.spec,
-            prompts,
-            settings,
-            repeats,
-            max_tokens,
+        probe_engine = ProbeEngine(
+            engine.client,
+            lambda: self._engine is engine,
+            self.live_policy.apply,
+            lambda control: self.history.acknowledged(control, idle=lambda: engine.client.in_flight == 0),
         )
+        view, load = self.live_policy.view(), self._load_in_flight()
+        run = self.speed.start(probe_engine, engine, self._status.config, view, load, repeats, max_tokens)
         self._tasks.append(asyncio.create_task(run))
-        return self.probe.view()
+        return self.speed.view()
 
     def quant_lens(self) -> LensView:
         """The speedup measurements per model variant and load, side by side (``service.quant_lens``)."""
-        if self._probe_machine is not None:
-            self.lens.take(self.probe.view(), self._probe_machine)
-        cfg, stats = self._status.config, self.background.stats()
-        return self.lens.view(cfg.variant if cfg else FULL_VARIANT, stats.in_flight if stats else 0)
+        cfg = self._status.config
+        return self.speed.lens_view(cfg.variant if cfg else FULL_VARIANT, self._load_in_flight())
+
+    def _load_in_flight(self) -> int:
+        stats = self.background.stats()
+        return stats.in_flight if stats else 0
 
     # --- the acceptance rule ------------------------------------------------
     async def set_acceptance(self, rule: AcceptanceRule) -> AcceptanceRule:
@@ -538,7 +514,7 @@ class EngineService:
             or self.foreground.in_flight > 0
             or self.background.granted_total() > 0
             or (load is not None and load.in_flight > 0)
-            or self.probe.running
+            or self.speed.running
             or self.twin.state == "starting"
         )
 
@@ -597,21 +573,13 @@ class EngineService:
         return self.background.tokens_per_second(window_s)
 
     def load_mix(self) -> LoadMix:
-        available = tuple(dict.fromkeys(p.category for p in self._bg_prompts if isinstance(p, Preset) and p.category))
-        return LoadMix(available, self._load_kinds or available)
+        return self.background.mix()
 
     async def set_load_mix(self, kinds: Sequence[str]) -> LoadMix:
         """The load's next requests come from the prompts of ``kinds`` only (every kind: all);
         raises ValueError for a kind the load has no prompt of."""
-        available = self.load_mix().available
-        chosen = tuple(dict.fromkeys(kinds))
-        if not chosen or not set(chosen) <= set(available):
-            raise ValueError(f"choose among the load's task kinds: {', '.join(available) or 'none'}; got {kinds!r}")
-        prompts = [p for p in self._bg_prompts if isinstance(p, Preset) and p.category in chosen]
 
-        async def apply() -> None:
-            self.background.set_prompts(prompts)
-            self._load_kinds = () if set(chosen) == set(available) else chosen
+        async def choose() -> LoadMix:
+            return self.background.choose_kinds(kinds)
 
-        await self._call(apply())
-        return self.load_mix()
+        return await self._call(choose())
