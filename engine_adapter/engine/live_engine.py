@@ -5,15 +5,23 @@ Contract:
     engine = await LiveEngine.attach("http://127.0.0.1:8000", tokenizer_dir=None)
     engine.client.generate(...)      # see engine_adapter.engine.client
     await engine.close()             # stops the process if we started it
+    await launch_overlapping({"off": config_a, "live": config_b}, engines, on_start)
 
 ``launch`` runs the blocking start-up in a worker thread so an event loop (the
-UI's) keeps running and can show progress.
+UI's) keeps running and can show progress. ``launch_overlapping`` starts several engines with
+their vLLM start-ups overlapping (each a few processes importing vLLM one after another, mostly
+one core each): each launch begins once the one before has prepared its models and begun vLLM,
+so a model conversion or the read-bandwidth measurement (``EngineProcess.prepare``, once per
+machine) never shares the machine with another engine's preparation; each engine joins
+``engines`` as soon as it serves (the caller closes them whatever fails), and the first failure
+is raised once every launch has ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +29,8 @@ from typing import Any
 import httpx
 
 from engine_adapter.engine.client import EngineClient
-from engine_adapter.engine.launcher import API_KEY_ENV, EngineProcess, EngineStartError, ProgressFn
-from engine_adapter.engine.token_text import load_tokenizer
+from engine_adapter.engine.launcher import API_KEY_ENV, EngineProcess, EngineStartError, ProgressFn, StartProgress
+from engine_adapter.engine.token_text import load_tokenizer, tokenizer_class
 from engine_adapter.engine_config import EngineConfig
 
 
@@ -114,3 +122,51 @@ async def _server_version(url: str) -> str | None:
             return r.json().get("version")
         except (httpx.HTTPError, ValueError):
             return None
+
+
+async def launch_overlapping(
+    configs: Mapping[str, EngineConfig], engines: dict[str, LiveEngine], on_start: Callable[[str], None]
+) -> None:
+    """Launch every config (``on_start(name)`` as each begins), each once the one before began
+    vLLM; each engine joins ``engines`` under its name as soon as it serves. A launch that failed
+    stops the next from beginning; the first failure is raised after every launch begun ended
+    (cancelled, the launches are too: each stops its own process)."""
+    launches: list[asyncio.Task] = []
+    if len(configs) > 1:  # each launch loads a tokenizer in a thread: transformers imported once first
+        await asyncio.to_thread(tokenizer_class)
+    try:
+        for name, config in configs.items():
+            if any(t.done() and not t.cancelled() and t.exception() is not None for t in launches):
+                break
+            on_start(name)
+            await _launch_until_vllm_begins(name, config, engines, launches)
+        failures = [r for r in await asyncio.gather(*launches, return_exceptions=True) if isinstance(r, BaseException)]
+    except BaseException:
+        for launch in launches:
+            launch.cancel()
+        await asyncio.gather(*launches, return_exceptions=True)
+        raise
+    if failures:
+        raise failures[0]
+
+
+async def _launch_until_vllm_begins(
+    name: str, config: EngineConfig, engines: dict[str, LiveEngine], launches: list[asyncio.Task]
+) -> None:
+    """Start one launch (added to ``launches``; its engine joins ``engines``) and return once it
+    began vLLM (``StartProgress`` stage "spawn", after ``EngineProcess.prepare``) or ended."""
+    loop, began_vllm = asyncio.get_running_loop(), asyncio.Event()
+
+    def progress(p: StartProgress) -> None:
+        if p.stage == "spawn":  # called from the launch's worker thread
+            loop.call_soon_threadsafe(began_vllm.set)
+
+    async def launch() -> None:
+        engines[name] = await LiveEngine.launch(config, progress=progress)
+
+    launches.append(task := asyncio.create_task(launch()))
+    began = asyncio.create_task(began_vllm.wait())
+    try:
+        await asyncio.wait({task, began}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        began.cancel()

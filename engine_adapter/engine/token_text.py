@@ -22,13 +22,19 @@ if TYPE_CHECKING:
 _REPLACEMENT = "\ufffd"
 
 
-def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
-    # imported here: transformers takes seconds to import, and the app spawns the engine before
-    # anything needs a tokenizer, so that the two overlap (docs/benchmarks.md, cold start)
+def tokenizer_class() -> type:
+    """transformers' ``AutoTokenizer``, imported on first call: seconds, so the app spawns the engine
+    before anything needs a tokenizer and the two overlap (docs/benchmarks.md, cold start). Two
+    threads' first imports at once fail (transformers' lazy module): import it once before
+    tokenizers load side by side."""
     hide_mismatched_torch_extras()  # before transformers is imported: a torchvision unfit for this torch breaks it
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    return AutoTokenizer
+
+
+def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
+    return tokenizer_class().from_pretrained(str(model_dir))
 
 
 @dataclass

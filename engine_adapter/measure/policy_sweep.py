@@ -2,8 +2,9 @@
 
 Contract: ``sweep(SweepSettings)`` starts the engines it needs (a speculation-off one for
 ``off``, one live-policy engine for every other policy, switched through the control
-channel), profiles or reads the cost model (which then learns from every live run's steps with
-``CostLearner``, as the app's does; the cache keeps the profile as measured),
+channel; both at once, their vLLM start-ups overlapping, ``live_engine.launch_overlapping``;
+nothing is measured until both serve), profiles or reads the cost model (which then learns from
+every live run's steps with ``CostLearner``, as the app's does; the cache keeps the profile as measured),
 interleaves the policies within each level
 (where the two engines do not fit in memory together, ``fits_together``: ``off`` first on its
 engine alone, then the live policies on theirs, said on stderr) and returns the table
@@ -24,7 +25,7 @@ import pandas as pd
 
 from engine_adapter.acceptance import PositionCounts
 from engine_adapter.acceptance_rule import LOSSLESS, AcceptanceRule
-from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
 from engine_adapter.engine.resources import fits_together
 from engine_adapter.engine_config import EngineConfig, validate_k_table
 from engine_adapter.measure.lossy_quality import LOSSY_COLUMNS, quality_columns
@@ -124,17 +125,14 @@ def _live_config(settings: SweepSettings, base: dict[str, Any], live_pols: list[
     )
 
 
-async def _start_live(
-    settings: SweepSettings, base: dict, live_pols: list[Policy], prompts: list[str], engines: dict[str, LiveEngine]
+async def _prepare_live(
+    settings: SweepSettings, cfg: EngineConfig, engine: LiveEngine, live_pols: list[Policy], prompts: list[str]
 ) -> _LivePolicies:
-    """One engine for every live policy (num_speculative_tokens = the largest K asked), with the cost
-    model read from the cache or profiled, and acceptance for ``auto`` from one short pass at k_max.
-    The engine joins ``engines`` as soon as it runs, so the caller closes it whatever fails next."""
-    cfg = _live_config(settings, base, live_pols)
+    """The live policies on ``engine`` (started from ``cfg``: num_speculative_tokens = the largest K
+    asked), with the cost model read from the cache or profiled, and acceptance for ``auto`` from one
+    short pass at k_max."""
     k_max = cfg.k_max
-    _say(f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})")
-    engines["live"] = engine = await LiveEngine.launch(cfg)
-    live = _LivePolicies(engine, PolicyController(engine.client, k_max, base["max_num_seqs"]), PositionCounts(k_max))
+    live = _LivePolicies(engine, PolicyController(engine.client, k_max, cfg.max_num_seqs), PositionCounts(k_max))
     if not any(p.spec.kind in COST_POLICIES for p in live_pols):
         return live
     ctl = live.controller
@@ -275,13 +273,18 @@ async def _run_phase(
     live: _LivePolicies | None = None
     measured: dict[tuple[int, str], dict[tuple[str, str], list[Run]]] = {}
     try:
-        if any(p.spec is None for p in phase):
-            _say("== starting the speculation-off engine")
-            engines["off"] = await LiveEngine.launch(EngineConfig(method="off", **base))
         live_pols = [p for p in phase if p.spec is not None]
+        configs = {"off": EngineConfig(method="off", **base)} if any(p.spec is None for p in phase) else {}
+        if live_pols:
+            configs["live"] = _live_config(settings, base, live_pols)
+        said = {"off": "== starting the speculation-off engine"}
+        if live_pols:
+            said["live"] = f"== starting the {settings.method} engine for live policies (num_speculative_tokens="
+            said["live"] += f"{configs['live'].k_max}){' at once: the two vLLM start-ups overlap' * ('off' in configs)}"
+        await launch_overlapping(configs, engines, lambda name: _say(said[name]))
         if live_pols:
             all_prompts = [p for ps in by_cat.values() for p in ps]
-            live = await _start_live(settings, base, live_pols, all_prompts, engines)
+            live = await _prepare_live(settings, configs["live"], engines["live"], live_pols, all_prompts)
         for e in engines.values():
             await measure(e, next(iter(by_cat.values()))[:1], 1, 8)  # warm-up, not reported
         for c in settings.concurrency:

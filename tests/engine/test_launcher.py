@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine_adapter.engine.launcher import EngineProcess, EngineStartError
-from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.package_data import PROJECT_ROOT
 from engine_adapter.provenance import kinds_for_step
@@ -65,6 +65,34 @@ def test_broken_model_dir_fails_in_vllm_with_its_log(tiny, tmp_path):
     text = str(err.value)
     assert "vLLM" in text and str(proc.log_path) in text
     assert wait_gone(str(bad), 15) == []
+
+
+async def test_overlapping_launches_stop_at_a_failed_preparation(tiny, tmp_path):
+    """A launch that fails before vLLM begins (no such model) keeps the next from beginning."""
+    bad = replace(tiny_config(tiny, "off"), target=str(tmp_path / "no-such-model"))
+    begun, engines = [], {}
+    with pytest.raises(EngineStartError, match="does not exist"):
+        await launch_overlapping({"bad": bad, "good": tiny_config(tiny, "off")}, engines, begun.append)
+    assert begun == ["bad"] and engines == {}
+
+
+async def test_overlapping_launches_keep_the_engine_that_served_and_raise_the_failure(tiny, tmp_path):
+    """The first engine fails inside vLLM after the second began: the second still serves, joins
+    ``engines`` for the caller to close, and the first's failure (with its log) is raised."""
+    bad = tmp_path / "broken-model"
+    bad.mkdir()
+    (bad / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Nope"]}))
+    configs = {"broken": replace(tiny_config(tiny, "off"), target=str(bad)), "good": tiny_config(tiny, "off")}
+    begun, engines = [], {}
+    try:
+        with pytest.raises(EngineStartError, match="vLLM"):
+            await launch_overlapping(configs, engines, begun.append)
+        assert begun == ["broken", "good"] and list(engines) == ["good"]
+        assert [s async for s in engines["good"].client.generate("Hello", max_tokens=4, temperature=0.0)]
+    finally:
+        for engine in engines.values():
+            await engine.close()
+    assert wait_gone(str(bad), 15) == [] and not any(e.process.is_alive() for e in engines.values())
 
 
 def test_port_taken_is_explained(tiny):
