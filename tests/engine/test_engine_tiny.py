@@ -13,12 +13,24 @@ from pathlib import Path
 
 import httpx
 import pytest
+import pytest_asyncio
 
 from engine_adapter.engine.prometheus import fetch_snapshot
 from engine_adapter.engine.supervise import group_members
 from engine_adapter.service.load import run_prompts
 from engine_adapter.vllm_plugin.cpu_tuning.loading_cores import machine_cores, thread_affinities
 from tests.support.engine_checks import PROMPTS, check_invariants, run
+from tests.support.fixtures import EngineCache
+
+MODULE_ENGINES = [("draft", "same", 3), ("draft", "random", 3), ("draft", "perturbed", 3), ("off", "same", 3)]
+MODULE_ENGINES += [("ngram", "same", 3)]
+
+
+@pytest_asyncio.fixture(scope="module", autouse=True)
+async def module_engines(engines: EngineCache) -> None:
+    """Every engine this module's tests use, started before the first with their vLLM start-ups
+    overlapping (they all run until the module ends anyway)."""
+    await engines.start(MODULE_ENGINES)
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 from gradio_client import Client
 
-from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
 from engine_adapter.engine_config import EngineConfig
 from tests.support.app_process import AppNotReady, engine_ready, start_app, tiny_app_args, wait_ready
 from tests.support.processes import descendants, describe, wait_ended
@@ -67,6 +67,13 @@ class EngineCache:
                 cfg = tiny_config(self.tiny, method, draft, k)
                 self._engines[key] = await LiveEngine.launch(cfg, resolve=Path)
             return self._engines[key]
+
+    async def start(self, keys: list[tuple[str, str, int]]) -> None:
+        """Start the engines of ``keys`` (method, draft, k) not started yet, their vLLM start-ups
+        overlapping (``launch_overlapping``): for a module that uses them all anyway."""
+        async with self._lock:
+            configs = {key: tiny_config(self.tiny, *key) for key in keys if key not in self._engines}
+            await launch_overlapping(configs, self._engines, lambda key: None)
 
     async def close(self, keep: frozenset[tuple] = frozenset()) -> None:
         async with self._lock:
