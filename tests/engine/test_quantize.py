@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
 from engine_adapter.engine.quantize import (
     INT4_GROUP,
     LINEAR,
@@ -140,17 +140,19 @@ async def _serves_with_speculation(tiny, root, dtype: str = "float32"):
     off = replace(tiny_config(tiny, "off"), target=str(root / "target"), dtype=dtype)
     spec = replace(tiny_config(tiny, "draft"), target=str(root / "target"), draft=str(root / "close"), dtype=dtype)
     texts: dict[str, list[list[int]]] = {}
-    for name, config in [("quantised off", off), ("quantised draft", spec)]:
-        engine = await LiveEngine.launch(config)
-        try:
+    engines: dict[str, LiveEngine] = {}
+    try:
+        await launch_overlapping({"quantised off": off, "quantised draft": spec}, engines, lambda name: None)
+        for name, engine in engines.items():
             results = [await run(engine, p, max_tokens=32) for p in PROMPTS]
-        finally:
+            if name == "quantised draft":
+                for r in results:
+                    check_invariants(r)
+                assert sum(r.kinds.count("accepted") for r in results) > 0  # the quantised draft's drafts were kept
+            texts[name] = [r.token_ids for r in results]
+    finally:
+        for engine in engines.values():
             await engine.close()
-        if name == "quantised draft":
-            for r in results:
-                check_invariants(r)
-            assert sum(r.kinds.count("accepted") for r in results) > 0  # the quantised draft's drafts were kept
-        texts[name] = [r.token_ids for r in results]
     assert texts["quantised draft"] == texts["quantised off"], "speculation changed the quantised target's text"
 
 
