@@ -198,6 +198,7 @@ class EngineProcess:
         self.control_addr = f"ipc://{self._workdir}/control.sock" if live else None
         self._resolve = resolve
         self.reserve_bytes = reserve_bytes
+        self._stop_asked = False  # ``stop`` was called: a ``spawn`` under way stops what it started
         self.api_key = secrets.token_urlsafe(24)  # the server's, for this launch only
         self._proc: subprocess.Popen | None = None
         self._keep_log = log_path is not None
@@ -329,8 +330,10 @@ class EngineProcess:
             raise EngineStartError(f"could not prepare the models: {e}") from e
 
     def spawn(self, progress: ProgressFn | None = None, timeout_s: float = 900) -> None:
-        """Start vLLM on the prepared models and wait until it serves (``EngineStartError`` if not)."""
+        """Start vLLM on the prepared models and wait until it serves (``EngineStartError`` if not,
+        also when ``stop`` was called before or during it)."""
         report = progress or (lambda p: None)
+        self._refuse_if_stopped()
         if self.port is None:
             self.port = free_port()
         elif not port_is_free(self.port):
@@ -361,6 +364,7 @@ class EngineProcess:
             start_new_session=True,
             cwd=str(self._workdir),
         )
+        self._refuse_if_stopped()  # ``stop`` may have come from another thread before the process existed
         try:
             self._wait_ready(report, timeout_s)
             # lowered once it serves: at start-up vLLM's imports would otherwise wait behind the app's
@@ -369,6 +373,11 @@ class EngineProcess:
             self._keep_log = True  # the error message points at the log
             self.stop()
             raise
+
+    def _refuse_if_stopped(self) -> None:
+        if self._stop_asked:
+            self.stop()  # the process started since, if any
+            raise EngineStartError("the engine was stopped during its start")
 
     def _wait_ready(self, report: ProgressFn, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -398,7 +407,9 @@ class EngineProcess:
         return f"vLLM exited during start-up. Last lines of its log ({self.log_path}):\n{tail}"
 
     def stop(self, timeout_s: float = 20) -> None:
-        """End the engine's whole process group; safe to call twice."""
+        """End the engine's whole process group; safe to call twice, and from another thread while
+        ``spawn`` runs (a process it starts after this is stopped by ``spawn`` itself)."""
+        self._stop_asked = True
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:

@@ -279,8 +279,11 @@ async def _run_phase(
             configs["live"] = _live_config(settings, base, live_pols)
         said = {"off": "== starting the speculation-off engine"}
         if live_pols:
-            said["live"] = f"== starting the {settings.method} engine for live policies (num_speculative_tokens="
-            said["live"] += f"{configs['live'].k_max}){' at once: the two vLLM start-ups overlap' * ('off' in configs)}"
+            k_max, together = configs["live"].k_max, "off" in configs
+            said["live"] = (
+                f"== starting the {settings.method} engine for live policies (num_speculative_tokens={k_max})"
+            )
+            said["live"] += " at once: the two vLLM start-ups overlap" if together else ""
         await launch_overlapping(configs, engines, lambda name: _say(said[name]))
         if live_pols:
             all_prompts = [p for ps in by_cat.values() for p in ps]

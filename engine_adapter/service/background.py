@@ -10,7 +10,7 @@ the load lives as long as the engine; ``stop()`` ends the requests (the asks are
 next engine). ``mix()`` is the task kinds the load runs, ``choose_kinds(kinds)`` narrows them
 (on the loop). ``share(session)`` is one session's view (``BackgroundShare``), with why its load
 stopped if it did; ``changes`` the (monotonic t, total) at each change, for the charts.
-Readers (``share``, ``stats``, ``tokens_per_second``, ``changes``) may run on any thread.
+Readers (``share``, ``stats``, ``tokens_per_second``, ``changes``, ``mix``) may run on any thread.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ from engine_adapter.service.quant_lens import LensView
 from engine_adapter.service.restart_gate import RestartGate
 from engine_adapter.service.service_loop import ServiceLoop
 from engine_adapter.service.speed_desk import SpeedDesk
-from engine_adapter.service.speedup_probe import ProbeEngine, SpeedSettings, SpeedupView
+from engine_adapter.service.speedup_probe import ProbeEngine, SpeedSettings, SpeedupView, check_probe_args
 from engine_adapter.service.twin import SpeculationOffTwin
 from engine_adapter.service.watchdog import EngineGuard
 
@@ -406,6 +406,7 @@ class EngineService:
         return await self._call(self._begin_probe(int(repeats), int(max_tokens)))
 
     async def _begin_probe(self, repeats: int, max_tokens: int) -> SpeedupView:
+        check_probe_args(repeats, max_tokens)  # before the claim: bad arguments stop no idle-time cell
         engine = await self._ready_engine()
         probe_engine = ProbeEngine(
             engine.client,

@@ -5,9 +5,10 @@ its model variant (``service.quant_lens``).
 Contract: ``SpeedDesk(presets)`` (the load's presets: the probe runs the first of each task kind).
 ``view()`` and ``running`` are the probe's; ``settings(engine, config, policy, load)`` is the
 settings line of a figure measured now on ``engine``; ``start(probe_engine, engine, config, view,
-load, repeats, max_tokens)`` checks that a live K policy is in force (``view``, the live policy's),
-marks the probe running, notes the roofline of the engine it runs on and returns the measurement's
-coroutine for the caller to run on the service loop; ``lens_view(variant, load)`` files the probe's
+load, repeats, max_tokens)`` (its arguments checked before by ``check_probe_args``) checks that a
+live K policy is in force (``view``, the live policy's), marks the probe running, notes the
+roofline of the engine it runs on and returns the measurement's coroutine for the caller to run
+on the service loop; ``lens_view(variant, load)`` files the probe's
 latest figures and returns the lens as the page shows it. Nothing here starts a task or touches the
 engine but through ``ProbeEngine``.
 """
@@ -29,7 +30,6 @@ from engine_adapter.service.speedup_probe import (
     SpeedSettings,
     SpeedupProbe,
     SpeedupView,
-    check_probe_args,
     probe_prompts,
     speed_settings,
 )
@@ -66,9 +66,9 @@ class SpeedDesk:
         repeats: int,
         max_tokens: int,
     ) -> Coroutine[Any, Any, None]:
-        """Mark the probe running and return its measurement (raises where it cannot run: bad
-        arguments, no live K policy in force, one running already, a policy that drafts nothing)."""
-        check_probe_args(repeats, max_tokens)
+        """Mark the probe running and return its measurement (arguments checked before by
+        ``check_probe_args``; raises where it cannot run: no live K policy in force, one running
+        already, a policy that drafts nothing)."""
         if not view.available or view.state is None or view.profiling:
             raise RuntimeError(f"measuring the speedup needs a live K policy in force ({view.why_not or 'not yet'})")
         prompts = probe_prompts(self.presets)

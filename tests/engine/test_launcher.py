@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -76,23 +77,35 @@ async def test_overlapping_launches_stop_at_a_failed_preparation(tiny, tmp_path)
     assert begun == ["bad"] and engines == {}
 
 
-async def test_overlapping_launches_keep_the_engine_that_served_and_raise_the_failure(tiny, tmp_path):
-    """The first engine fails inside vLLM after the second began: the second still serves, joins
-    ``engines`` for the caller to close, and the first's failure (with its log) is raised."""
-    bad = tmp_path / "broken-model"
+async def test_a_failed_launch_stops_the_overlapping_ones_and_is_raised(tiny, tmp_path):
+    """The first engine fails inside vLLM after the second began: the second's launch is stopped
+    (or, had it served first, handed over to be closed), no process of it is left, and the first's
+    failure (with its log) is raised."""
+    bad, good = tmp_path / "broken-model", tmp_path / "good-model"
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Nope"]}))
+    shutil.copytree(tiny.target, good)
     configs = {"broken": replace(tiny_config(tiny, "off"), target=str(bad)), "good": tiny_config(tiny, "off")}
+    configs["good"] = replace(configs["good"], target=str(good))
     begun, engines = [], {}
     try:
         with pytest.raises(EngineStartError, match="vLLM"):
             await launch_overlapping(configs, engines, begun.append)
-        assert begun == ["broken", "good"] and list(engines) == ["good"]
-        assert [s async for s in engines["good"].client.generate("Hello", max_tokens=4, temperature=0.0)]
+        assert begun == ["broken", "good"] and set(engines) <= {"good"}
     finally:
         for engine in engines.values():
             await engine.close()
-    assert wait_gone(str(bad), 15) == [] and not any(e.process.is_alive() for e in engines.values())
+    assert wait_gone(str(bad), 15) == [] and wait_gone(str(good), 15) == []
+
+
+def test_a_stopped_process_refuses_to_spawn(tiny):
+    """``stop`` before (or from another thread during) ``spawn``: nothing is left running."""
+    proc = EngineProcess(tiny_config(tiny, "off"), resolve=Path)
+    proc.prepare()
+    proc.stop()
+    with pytest.raises(EngineStartError, match="stopped during its start"):
+        proc.spawn(timeout_s=60)
+    assert not proc.is_alive()
 
 
 def test_port_taken_is_explained(tiny):
