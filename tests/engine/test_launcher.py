@@ -85,8 +85,8 @@ async def test_a_failed_launch_stops_the_overlapping_ones_and_is_raised(tiny, tm
     bad.mkdir()
     (bad / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Nope"]}))
     shutil.copytree(tiny.target, good)
-    configs = {"broken": replace(tiny_config(tiny, "off"), target=str(bad)), "good": tiny_config(tiny, "off")}
-    configs["good"] = replace(configs["good"], target=str(good))
+    configs = {"broken": replace(tiny_config(tiny, "off"), target=str(bad))}
+    configs["good"] = replace(tiny_config(tiny, "off"), target=str(good))
     begun, engines = [], {}
     try:
         with pytest.raises(EngineStartError, match="vLLM"):

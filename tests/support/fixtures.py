@@ -73,7 +73,7 @@ class EngineCache:
         overlapping (``launch_overlapping``): for a module that uses them all anyway."""
         async with self._lock:
             configs = {key: tiny_config(self.tiny, *key) for key in keys if key not in self._engines}
-            await launch_overlapping(configs, self._engines, lambda key: None)
+            await launch_overlapping(configs, self._engines, lambda key: None, resolve=Path)  # as ``get`` launches
 
     async def close(self, keep: frozenset[tuple] = frozenset()) -> None:
         async with self._lock:
