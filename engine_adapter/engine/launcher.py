@@ -7,6 +7,9 @@ Contract:
   progress as ``StartProgress`` records, and returns once ``/health`` answers.
   Failure raises ``EngineStartError`` with a message naming the cause (bad
   model path, port taken, out of memory, ...) and leaves no process behind.
+  A port the launcher chose that another program took before vLLM bound it (two engines
+  starting at once, or any program's connection) is chosen again, up to ``PORT_ATTEMPTS``
+  starts of vLLM in all; a port given by the caller is never changed.
   Memory and disk are checked first (``engine_adapter.engine.resources``): a machine
   too small for the models is told so before anything is started.
 - The server takes requests only with ``api_key`` (a fresh random key per launch, handed to
@@ -49,7 +52,13 @@ from engine_adapter.engine.platform import Platform, detect_platform
 from engine_adapter.engine.resources import NotEnoughResources, check_resources
 from engine_adapter.engine.roofline import machine_bandwidth_gbs, worker_cores
 from engine_adapter.engine.server_args import server_args
-from engine_adapter.engine.start_log import ProgressFn, StartProgress, explain_failure, milestones_seen
+from engine_adapter.engine.start_log import (
+    ProgressFn,
+    StartProgress,
+    explain_failure,
+    milestones_seen,
+    port_taken_in,
+)
 from engine_adapter.engine.supervise import children_of, group_members
 from engine_adapter.engine_config import FULL_VARIANT, LIBRARY_LIMITS, EngineConfig, isa_limit
 from engine_adapter.package_data import PROJECT_ROOT
@@ -59,6 +68,13 @@ from engine_adapter.vllm_plugin.wire import CATCH_UP_TOKENS_ENV, CONTROL_ADDR_EN
 
 class EngineStartError(RuntimeError):
     """The engine did not come up; the message says why, in words."""
+
+
+class PortTakenDuringStart(EngineStartError):
+    """vLLM could not bind its port: another program took it after the launch chose it."""
+
+
+PORT_ATTEMPTS = 3  # starts of vLLM on ports the launcher chose, before a taken port is an error
 
 
 LOG_TAIL_LINES = 15  # lines of an engine's log a message quotes when it failed or died
@@ -334,11 +350,35 @@ class EngineProcess:
         also when ``stop`` was called before or during it)."""
         report = progress or (lambda p: None)
         self._refuse_if_stopped()
-        if self.port is None:
+        port_chosen_here = self.port is None
+        if port_chosen_here:
             self.port = free_port()
         elif not port_is_free(self.port):
             self._cleanup_dir()
             raise EngineStartError(f"port {self.port} on 127.0.0.1 is already taken by another program")
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                self._serve(report, timeout_s)
+                return
+            except PortTakenDuringStart:
+                if not port_chosen_here or attempt == PORT_ATTEMPTS or self._stop_asked:
+                    self._fail_start()
+                    raise
+                taken, self.port = self.port, free_port()
+                self._end_group()
+                self._cleanup_dir(keep_log=True)  # the sockets only
+                report(StartProgress("spawn", 0.3, f"port {taken} was taken meanwhile; starting vLLM on {self.port}"))
+            except BaseException:
+                self._fail_start()
+                raise
+
+    def _fail_start(self) -> None:
+        self._keep_log = True  # the error message points at the log
+        self.stop()
+
+    def _serve(self, report: ProgressFn, timeout_s: float) -> None:
+        """Start vLLM's server on ``self.port`` and wait until it serves (raises if it does not;
+        what it started is left for the caller to stop)."""
         draft_dir = str(self.draft_dir) if self.draft_dir else None
         args = server_args(self.config, str(self.target_dir), draft_dir, self.port, self._platform)
         cmd = [
@@ -365,14 +405,9 @@ class EngineProcess:
             cwd=str(self._workdir),
         )
         self._refuse_if_stopped()  # ``stop`` may have come from another thread before the process existed
-        try:
-            self._wait_ready(report, timeout_s)
-            # lowered once it serves: at start-up vLLM's imports would otherwise wait behind the app's
-            lower_priority(compute_processes(self._proc.pid), self.config.nice)
-        except BaseException:
-            self._keep_log = True  # the error message points at the log
-            self.stop()
-            raise
+        self._wait_ready(report, timeout_s)
+        # lowered once it serves: at start-up vLLM's imports would otherwise wait behind the app's
+        lower_priority(compute_processes(self._proc.pid), self.config.nice)
 
     def _refuse_if_stopped(self) -> None:
         if self._stop_asked:
@@ -389,7 +424,8 @@ class EngineProcess:
                     seen = i + 1
                     report(milestone)
                 if self._proc.poll() is not None:
-                    raise EngineStartError(self._explain_failure(log))
+                    failure = PortTakenDuringStart if port_taken_in(log) else EngineStartError
+                    raise failure(self._explain_failure(log))
                 try:
                     if client.get(f"{self.url}/health").status_code == 200:
                         report(StartProgress("ready", 1.0, f"server answering at {self.url}; checking the tap"))
@@ -410,6 +446,11 @@ class EngineProcess:
         """End the engine's whole process group; safe to call twice, and from another thread while
         ``spawn`` runs (a process it starts after this is stopped by ``spawn`` itself)."""
         self._stop_asked = True
+        self._end_group(timeout_s)
+        self._cleanup_dir(keep_log=self._keep_log)
+
+    def _end_group(self, timeout_s: float = 20) -> None:
+        """End the process group started last (SIGTERM, then SIGKILL) and close its log."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
@@ -432,7 +473,6 @@ class EngineProcess:
         if self._log:
             self._log.close()
             self._log = None
-        self._cleanup_dir(keep_log=self._keep_log)
 
     def _cleanup_dir(self, keep_log: bool = False) -> None:
         for name in ("tap.sock", "control.sock"):

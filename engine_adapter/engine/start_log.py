@@ -3,7 +3,8 @@
 Contract: ``milestones_seen(log, seen)`` gives the start-up milestones found in the log after the
 ``seen`` first (``StartProgress`` records, in vLLM's order; a platform's missing ones skipped);
 ``explain_failure(log, config, platform, port)`` the cause of a failed start as a sentence that
-says what to change, or None. Pure: strings in, records out (``launcher.py`` reads the log file).
+says what to change, or None; ``port_taken_in(log)`` whether it failed binding its port.
+Pure: strings in, records out (``launcher.py`` reads the log file).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ _MILESTONES = (
     ("Application startup complete", "ready", 0.95, "server up"),
 )
 
+# the OSError of vLLM's API server binding its port (``entrypoints/launchers/launcher.py``)
+_PORT_TAKEN = "Address already in use"
+
 # What a GPU user changes when the GPU's memory runs out (app.py's flags).
 _GPU_MEMORY_ADVICE = (
     "lower --kv-cache-gib (now {kv} GiB) or --max-num-seqs (now {seqs}), use smaller models, "
@@ -51,7 +55,7 @@ _GPU_MEMORY_ADVICE = (
 # failures before the generic "out of memory" (torch's CUDA message contains it too). Fields:
 # {port}, {kv} (kv_cache_gib), {seqs} (max_num_seqs), {device} (the platform's device name).
 _FAILURES = (
-    ("Address already in use", "port {port} on 127.0.0.1 is already taken by another program"),
+    (_PORT_TAKEN, "port {port} on 127.0.0.1 is already taken by another program"),
     # the tap's own refusal (vllm_plugin/tap.py): vLLM chose Model Runner V2 despite the launch's pin
     (
         "the explorer's plugin needs vLLM's Model Runner V1",
@@ -121,6 +125,11 @@ def explain_failure(log: str, config: EngineConfig, platform: Platform, port: in
         if needle in log:
             return why.format(port=port, kv=config.kv_cache_gib, seqs=config.max_num_seqs, device=platform.device_name)
     return None
+
+
+def port_taken_in(log: str) -> bool:
+    """Whether a failed start's log says vLLM could not bind its port."""
+    return _PORT_TAKEN in log
 
 
 def milestones_seen(log: str, seen: int) -> list[tuple[int, StartProgress]]:

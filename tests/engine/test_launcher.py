@@ -15,8 +15,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
 
+from engine_adapter.engine import launcher
 from engine_adapter.engine.launcher import EngineProcess, EngineStartError
 from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
 from engine_adapter.engine.supervise import group_members
@@ -116,6 +118,27 @@ def test_port_taken_is_explained(tiny):
         proc = EngineProcess(tiny_config(tiny, "off"), port=port, resolve=Path)
         with pytest.raises(EngineStartError, match=f"port {port} .* already taken"):
             proc.start(timeout_s=60)
+
+
+def test_a_port_taken_before_vllm_binds_it_is_chosen_again(tiny, monkeypatch):
+    """Another program takes the port the launcher chose before vLLM binds it (as an engine starting
+    at the same time can): vLLM starts again on another port and serves. A port the caller gave is
+    never changed (``test_port_taken_is_explained``)."""
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        first_choice = iter([taken])
+        choose = launcher.free_port
+        monkeypatch.setattr(launcher, "free_port", lambda: next(first_choice, None) or choose())
+        progress = []
+        with EngineProcess(tiny_config(tiny, "off"), resolve=Path) as proc:
+            proc.start(progress.append, timeout_s=300)
+            assert proc.port != taken
+            assert httpx.get(f"{proc.url}/health", timeout=10).status_code == 200
+    notes = [p.message for p in progress if p.stage == "spawn"]
+    retry = f"port {taken} was taken meanwhile; starting vLLM on {proc.port}"
+    assert notes == ["starting vLLM", retry, "starting vLLM"]
 
 
 def test_engine_dies_with_a_killed_app(tiny, tmp_path):
