@@ -3,7 +3,7 @@
     .venv/bin/python scripts/readme_screenshot.py --url http://127.0.0.1:7860 \
         [--load 8] [--out docs/screenshot.png]
 
-Drives Debian's chromium with Playwright: picks the code preset, starts it,
+Drives Debian's chromium with Playwright: types a code prompt, starts it,
 moves the background-load slider to --load, waits, and captures the page while
 the foreground request is still streaming. The load is set back to 0 at the end.
 """

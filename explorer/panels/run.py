@@ -185,7 +185,11 @@ class RunPanel:
             return max(MIN_UPDATE_S, sent / VIEW_BYTES_PER_S)
 
         # at once: the request is on its way; the last request's charts go (this one's come at its end)
-        yield {self.view: token_view_value([], streaming=True, prompt=text), self.hist: None, self.pos: None}
+        yield {
+            self.view: token_view_value([], streaming=True, prompt=text),
+            self.hist: histogram_figure(None, running=True),
+            self.pos: position_figure(None, running=True),
+        }
         try:
             stream = self.backend.stream(text, max_tokens=n_tokens, temperature=temp, request_id=rid)
             # Stop ends paced's reading of the stream, which closes it: vLLM aborts the request. aclosing:

@@ -112,10 +112,11 @@ def _k_in_force(result: RequestResult, num_spec_tokens: int) -> str:
     return f" (the engine's maximum; K in force for this request's steps: **{shown}**)"
 
 
-def why_no_drafts(result: RequestResult | None) -> str | None:
-    """Why a request's draft charts are empty (None: they are not)."""
+def why_no_drafts(result: RequestResult | None, running: bool = False) -> str | None:
+    """Why a request's draft charts are empty (None: they are not); ``running``: no result yet
+    because the request is still generating (its charts are drawn once, when it ends)."""
     if result is None:
-        return "Run a prompt to see this chart."
+        return "Drawn when this request ends." if running else "Run a prompt to see this chart."
     m = result.spec_decode_metrics
     if m is None:
         return "Speculation is off: no drafts to count."
@@ -135,11 +136,11 @@ def _say(fig: go.Figure, text: str) -> None:
     fig.update_yaxes(visible=False)
 
 
-def histogram_figure(result: RequestResult | None) -> go.Figure:
+def histogram_figure(result: RequestResult | None, running: bool = False) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
     fig.update_layout(title="acceptance_histogram", xaxis_title="j accepted drafts", yaxis_title="steps", **_layout())
-    if why := why_no_drafts(result):
+    if why := why_no_drafts(result, running):
         _say(fig, why)
         return fig
     hist = m["acceptance_histogram"]
@@ -152,7 +153,7 @@ def histogram_figure(result: RequestResult | None) -> go.Figure:
     return fig
 
 
-def position_figure(result: RequestResult | None) -> go.Figure:
+def position_figure(result: RequestResult | None, running: bool = False) -> go.Figure:
     fig = go.Figure()
     m = result.spec_decode_metrics if result else None
     fig.update_layout(
@@ -161,7 +162,7 @@ def position_figure(result: RequestResult | None) -> go.Figure:
         yaxis=dict(range=[0, 1.05], title="P(kept)"),
         **_layout(),
     )
-    why = why_no_drafts(result)
+    why = why_no_drafts(result, running)
     if why is None and not m.get("per_step_accepted"):
         why = f"No per-step drafts recorded for this request<br>(provenance: {result.provenance})."
     if why:

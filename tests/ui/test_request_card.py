@@ -202,6 +202,12 @@ def test_an_empty_draft_chart_says_why(metrics, hist_says, pos_says):
             assert len(notes) == 1 and says in notes[0] and len(fig.data) == 0
 
 
+def test_a_running_requests_charts_say_when_they_come():
+    for fig in (histogram_figure(None, running=True), position_figure(None, running=True)):
+        notes = [a.text for a in fig.layout.annotations]
+        assert notes == ["Drawn when this request ends."] and len(fig.data) == 0
+
+
 def test_the_cards_speed_comes_with_its_settings_line():
     settings = SpeedSettings("a CPU, 2 cores", "bfloat16", "t / d", "draft", "auto table", 4, "today")
     result = _result([_step(0, [5], [], 0, False), _step(1, [6, 7], [6], 1, False)])
