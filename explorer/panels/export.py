@@ -5,7 +5,7 @@ Contract: ``write_chart_csv(backend, directory)`` writes
 seconds, 0 = now; ``load`` = the background load in force in each bin; empty
 cells = no data in that bin) to a new file in ``directory`` and returns its path.
 ``build_csv_export(backend)`` puts an export button and a file box on the page
-(API name ``export_csv``). The files live in one temporary folder of the page's,
+(API name ``export_csv``; the box shows once it holds a file). The files live in one temporary folder of the page's,
 which keeps only the newest ``KEEP_EXPORTS`` (Gradio serves its own copy, made when
 the answer is sent) and is removed when the app exits.
 """
@@ -49,6 +49,7 @@ def build_csv_export(backend: Backend) -> None:
             interactive=False,
             elem_id="chart-csv",
             height=80,
+            visible=False,  # an empty file box is only clutter: shown with the first export
         )
 
     def export_csv() -> str:
@@ -58,3 +59,5 @@ def build_csv_export(backend: Backend) -> None:
         return str(path)
 
     button.click(export_csv, None, out, api_name="export_csv", concurrency_id="export", concurrency_limit=2)
+    # the page's click also shows the box (the API's answer stays the file's path)
+    button.click(lambda: gr.File(visible=True), None, out, queue=False, api_visibility="private")

@@ -100,8 +100,11 @@ class LedgerPanel:
         self.probe = gr.Markdown(speedup_probe_markdown(self.backend.speedup_view()), elem_id="probe-table")
         with gr.Row():
             self.probe_csv_btn = gr.Button("Export the table as CSV", elem_id="probe-csv-btn")
-            self.probe_csv = gr.File(label="CSV", elem_id="probe-csv", interactive=False, height=80)
-        self.probe_md = gr.Code(label="The table as Markdown, to paste", language="markdown", elem_id="probe-md")
+            # shown with the first export: empty boxes are only clutter
+            self.probe_csv = gr.File(label="CSV", elem_id="probe-csv", interactive=False, height=80, visible=False)
+        self.probe_md = gr.Code(
+            label="The table as Markdown, to paste", language="markdown", elem_id="probe-md", visible=False
+        )
 
     def wire(self) -> None:
         self.probe_btn.click(
@@ -120,6 +123,9 @@ class LedgerPanel:
             api_name="speedup_table",
             concurrency_id="export",
             concurrency_limit=2,
+        )
+        self.probe_csv_btn.click(
+            self.show_exports, None, [self.probe_csv, self.probe_md], queue=False, api_visibility="private"
         )
 
     async def measure(self, repeats: float, tokens: float, request: gr.Request) -> str:
@@ -141,6 +147,10 @@ class LedgerPanel:
         path.write_text(view.csv(), encoding="utf-8")
         prune(directory)
         return str(path), view.markdown()
+
+    def show_exports(self) -> tuple[Any, Any]:
+        """The page's click shows the export's boxes (the file's once there is a table to export)."""
+        return gr.File(visible=bool(self.backend.speedup_view().rows)), gr.Code(visible=True)
 
     # --- shared, once per tick ---------------------------------------------
     def _tick(self) -> LedgerTick:
