@@ -26,6 +26,7 @@ from engine_adapter.records import EngineStep
 
 HEIGHT = 300  # pixels
 MAX_BATCH_SHOWN = 64  # batch sizes the auto table's K-by-batch chart shows
+VERIFIED_TICKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # the step-time chart's x ticks
 SHOWN_K_FACTOR = 0.02  # a K whose cells move its curve by this share or more is named in the subtitle
 
 
@@ -166,7 +167,12 @@ def step_time_figure(cost: CostModel | None, recent: Sequence[EngineStep], profi
     fig.update_layout(
         title=dict(text=f"{title}<br><sup>{_fit_subtitle(cost)}</sup>"),
         height=HEIGHT + 60,
-        xaxis=dict(type="log", title="tokens verified per step = batch x (K+1)"),
+        xaxis=dict(
+            type="log",
+            title="tokens verified per step = batch x (K+1)",
+            tickvals=list(VERIFIED_TICKS),  # powers of two: plotly's log digits (8 9 1 2 3 ...) read as noise
+            ticktext=[str(t) for t in VERIFIED_TICKS],
+        ),
         yaxis=dict(title="ms per step", rangemode="tozero"),
         margin=dict(l=50, r=10, t=85, b=40),
         legend=dict(orientation="h", y=-0.25),
@@ -212,14 +218,14 @@ def auto_figure(auto: AutoTable | None, batch_size: float, chosen_by: str) -> go
     fig.add_trace(go.Scatter(x=[b], y=[best], mode="markers", marker=dict(size=14, color="#e8554c"), name="now"), 1, 2)
     alphas = ", ".join(f"{a:.2f}" for a in auto.alphas)
     subtitle = (
-        f"{chosen_by}<br>measured acceptance per position α = [{alphas}]; "
-        f"each draft position weighed {DRAFT_RISK:.0%} down (dotted: unweighed)"
+        f"{chosen_by}<br>measured acceptance per position α = [{alphas}]"  # lines: a subtitle does not wrap
+        f"<br>each draft position weighed {DRAFT_RISK:.0%} down (dotted: unweighed)"
     )
     fig.update_layout(
         title=dict(text=f"{title}<br><sup>{subtitle}</sup>"),
-        height=HEIGHT + 30,
+        height=HEIGHT + 45,
         showlegend=False,
-        margin=dict(l=50, r=10, t=100, b=60),
+        margin=dict(l=50, r=10, t=115, b=60),
     )
     fig.update_xaxes(title_text=chosen_k_caption(auto, b), row=1, col=1)
     fig.update_yaxes(title_text="tokens/s per request", row=1, col=1)
