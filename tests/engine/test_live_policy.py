@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
 from engine_adapter.engine_config import k_for_batch_size
 from engine_adapter.policy.cost_model import CostModel
 from engine_adapter.policy.k_policy import RECENT_PEAK_S
@@ -19,11 +19,24 @@ from tests.support.fixtures import tiny_config
 
 
 @pytest_asyncio.fixture(scope="module")
-async def live_engine(tiny):
-    cfg = tiny_config(tiny, "draft", "same", k=3, k_max=4)
-    engine = await LiveEngine.launch(cfg, resolve=Path)
-    yield engine
-    await engine.close()
+async def live_engines(tiny):
+    """The module's two live engines (the draft model, ngram), their vLLM start-ups overlapping."""
+    configs = {
+        "draft": tiny_config(tiny, "draft", "same", k=3, k_max=4),
+        "ngram": tiny_config(tiny, "ngram", k=3, k_max=4),
+    }
+    engines: dict[str, LiveEngine] = {}
+    try:
+        await launch_overlapping(configs, engines, lambda key: None, resolve=Path)
+        yield engines
+    finally:
+        for engine in engines.values():
+            await engine.close()
+
+
+@pytest_asyncio.fixture(scope="module")
+async def live_engine(live_engines):
+    return live_engines["draft"]
 
 
 async def steps_after(engine, n: int, timeout_s: float = 30.0):
@@ -210,11 +223,8 @@ async def test_the_auction_is_lossless(live_engine, engines):
 
 
 @pytest_asyncio.fixture(scope="module")
-async def live_ngram(tiny):
-    cfg = tiny_config(tiny, "ngram", k=3, k_max=4)
-    engine = await LiveEngine.launch(cfg, resolve=Path)
-    yield engine
-    await engine.close()
+async def live_ngram(live_engines):
+    return live_engines["ngram"]
 
 
 async def test_the_auction_runs_on_the_sync_ngram_drafter(live_ngram, engines):
