@@ -2,8 +2,9 @@
 
 Contract: ``check_copy(full_dir, scheme, presets, max_tokens, cache_dir, base)`` makes (or
 reuses) the ``scheme`` copy of the checkpoint ``full_dir`` (``engine.variants.quantised_checkpoint``),
-runs speculation-off engines on the full model and on the copy, one after the other (``base``
-gives their dtype and KV cache), each answering every preset with greedy decoding
+runs speculation-off engines on the full model and on the copy (``base`` gives their dtype and
+KV cache; started at once, their vLLM start-ups overlapping, where the two fit in memory together,
+``resources.fits_together``, else one after the other), each answering every preset with greedy decoding
 (``max_tokens`` tokens, all presets in flight at once, so both engines see the same batches),
 and returns a ``CopyCheck``: per preset the token agreement (``provenance.text_agreement``: the
 share of the longer text the aligned texts share), whether the texts are identical, and where
@@ -21,7 +22,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from engine_adapter.engine.client import RequestResult
-from engine_adapter.engine.live_engine import LiveEngine
+from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
+from engine_adapter.engine.resources import fits_together
 from engine_adapter.engine.variants import quantised_checkpoint
 from engine_adapter.engine_config import EngineConfig, resolve_dtype
 from engine_adapter.prompts import Preset
@@ -63,14 +65,38 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
+def off_config(model_dir: Path, base: EngineConfig) -> EngineConfig:
+    """A speculation-off engine on ``model_dir`` with ``base``'s dtype and KV cache."""
+    return replace(base, method="off", target=str(model_dir), draft=str(model_dir), k_table=None).checked()
+
+
 async def greedy_ids(model_dir: Path, presets: list[Preset], max_tokens: int, base: EngineConfig) -> list[list[int]]:
     """Each preset's greedy token ids from a speculation-off engine on ``model_dir``."""
-    config = replace(base, method="off", target=str(model_dir), draft=str(model_dir), k_table=None)
-    engine = await LiveEngine.launch(config.checked())
+    engine = await LiveEngine.launch(off_config(model_dir, base))
     try:
-        return list(await asyncio.gather(*(_answer(engine, p.prompt, max_tokens) for p in presets)))
+        return await _answers(engine, presets, max_tokens)
     finally:
         await engine.close()
+
+
+async def greedy_ids_at_once(
+    model_dirs: tuple[Path, Path], presets: list[Preset], max_tokens: int, base: EngineConfig
+) -> tuple[list[list[int]], list[list[int]]]:
+    """``greedy_ids`` of both models from two engines started at once (the caller checked that
+    they fit in memory together); each engine answers every preset as ``greedy_ids``' does."""
+    configs = {d: off_config(d, base) for d in model_dirs}
+    engines: dict[Path, LiveEngine] = {}
+    try:
+        await launch_overlapping(configs, engines, lambda d: print(f"== {d.name}: starting", file=sys.stderr))
+        first, second = await asyncio.gather(*(_answers(engines[d], presets, max_tokens) for d in model_dirs))
+        return first, second
+    finally:
+        for engine in engines.values():
+            await engine.close()
+
+
+async def _answers(engine: LiveEngine, presets: list[Preset], max_tokens: int) -> list[list[int]]:
+    return list(await asyncio.gather(*(_answer(engine, p.prompt, max_tokens) for p in presets)))
 
 
 async def _answer(engine: LiveEngine, prompt: str, max_tokens: int) -> list[int]:
@@ -86,10 +112,16 @@ async def check_copy(
     full_dir: Path, scheme: str, presets: list[Preset], max_tokens: int, cache_dir: Path, base: EngineConfig
 ) -> CopyCheck:
     copy_dir = quantised_checkpoint(full_dir, cache_dir, scheme)
-    print(f"== {Path(full_dir).name}: the full model's greedy text", file=sys.stderr)
-    full = await greedy_ids(Path(full_dir), presets, max_tokens, base)
-    print(f"== {copy_dir.name}: the {scheme} copy's", file=sys.stderr)
-    quant = await greedy_ids(copy_dir, presets, max_tokens, base)
+    why_apart = fits_together([off_config(Path(full_dir), base), off_config(copy_dir, base)])
+    if why_apart is None:
+        print(f"== {Path(full_dir).name} and its {scheme} copy: both engines at once", file=sys.stderr)
+        full, quant = await greedy_ids_at_once((Path(full_dir), copy_dir), presets, max_tokens, base)
+    else:
+        print(f"== one engine after the other ({why_apart})", file=sys.stderr)
+        print(f"== {Path(full_dir).name}: the full model's greedy text", file=sys.stderr)
+        full = await greedy_ids(Path(full_dir), presets, max_tokens, base)
+        print(f"== {copy_dir.name}: the {scheme} copy's", file=sys.stderr)
+        quant = await greedy_ids(copy_dir, presets, max_tokens, base)
     dtype = resolve_dtype(base.dtype)
     rows = [
         PresetCheck(p.label, round(text_agreement(q, f), 4), q == f, first_difference(q, f), len(f))

@@ -26,6 +26,7 @@ def test_the_check_compares_the_int8_copy_with_the_full_model_on_every_preset(ti
     env = os.environ | {"SPEC_EXPLORER_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "both engines at once" in proc.stderr  # two tiny engines fit in memory together
     presets = load_presets(categories=["code", "story"])
     assert all(p.label[:40] in proc.stdout for p in presets)
     (summary,) = json.loads(proc.stdout.strip().splitlines()[-1])
