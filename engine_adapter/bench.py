@@ -32,6 +32,7 @@ import json
 import sys
 from typing import Any
 
+from engine_adapter.engine.launcher import EngineStartError
 from engine_adapter.engine_config import add_model_arguments
 from engine_adapter.measure.throughput import BenchSettings, bench, tap_overhead
 
@@ -82,6 +83,14 @@ def main(argv: list[str] | None = None) -> int:
     args.reserved_cpus = [None if v == "default" else int(v) for v in args.reserved_cpus.split(",")]
     args.eager = [m == "eager" for m in args.modes.split(",")]
     del args.modes
+    try:
+        return _run(args)
+    except EngineStartError as e:  # said in words (no traceback): the machine, the models or vLLM
+        print(f"error: an engine did not start: {e}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.tap_overhead:
         out = asyncio.run(tap_overhead(BenchSettings(**vars(args))))
         for c, r in out["runs"].items():

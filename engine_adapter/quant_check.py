@@ -19,6 +19,7 @@ import asyncio
 import json
 import sys
 
+from engine_adapter.engine.launcher import EngineStartError
 from engine_adapter.engine.models import default_cache_dir, resolve_model
 from engine_adapter.engine.quantize import SCHEMES
 from engine_adapter.engine_config import (
@@ -67,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     for model in models:
         full_dir = resolve_model(getattr(args, model))
         for scheme in schemes:
-            check = asyncio.run(check_copy(full_dir, scheme, presets, args.max_tokens, default_cache_dir(), base))
+            try:
+                check = asyncio.run(check_copy(full_dir, scheme, presets, args.max_tokens, default_cache_dir(), base))
+            except EngineStartError as e:  # said in words (no traceback): the machine, the models or vLLM
+                print(f"error: an engine did not start: {e}", file=sys.stderr)
+                return 1
             print_check(check)
             checks.append(check)
     summary = [

@@ -84,6 +84,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from engine_adapter.acceptance_rule import RULE_NAMES, AcceptanceRule, add_parameter_arguments, pop_parameters
+from engine_adapter.engine.launcher import EngineStartError
 from engine_adapter.engine.models import resolve_model
 from engine_adapter.engine.platform import detect_platform, machine_facts
 from engine_adapter.engine.roofline import read_bandwidth_gbs, worker_cores
@@ -162,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except EngineStartError as e:  # said in words (no traceback): the machine, the models or vLLM
+        print(f"error: an engine did not start: {e}", file=sys.stderr)
+        return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(args.out, index=False)
     print(df.to_string(index=False))
