@@ -356,29 +356,35 @@ class EngineProcess:
         elif not port_is_free(self.port):
             self._cleanup_dir()
             raise EngineStartError(f"port {self.port} on 127.0.0.1 is already taken by another program")
-        for attempt in range(1, PORT_ATTEMPTS + 1):
-            try:
-                self._serve(report, timeout_s)
-                return
-            except PortTakenDuringStart:
-                if not port_chosen_here or attempt == PORT_ATTEMPTS or self._stop_asked:
-                    self._fail_start()
-                    raise
-                taken, self.port = self.port, free_port()
-                self._end_group()
-                self._cleanup_dir(keep_log=True)  # the sockets only
-                report(StartProgress("spawn", 0.3, f"port {taken} was taken meanwhile; starting vLLM on {self.port}"))
-            except BaseException:
-                self._fail_start()
-                raise
+        try:
+            for attempt in range(1, PORT_ATTEMPTS + 1):
+                try:
+                    self._serve(report, timeout_s)
+                    return
+                except PortTakenDuringStart:
+                    if not port_chosen_here or attempt == PORT_ATTEMPTS or self._stop_asked:
+                        raise
+                self._start_again_on_another_port(report)
+        except BaseException:
+            self._fail_start()
+            raise
+
+    def _start_again_on_another_port(self, report: ProgressFn) -> None:
+        """End the start whose port was taken (its processes and sockets; the next start clears its
+        exit status and writes its log again) and choose another port."""
+        self._end_group()
+        self._cleanup_dir(keep_log=True)  # the sockets only
+        taken, self.port = self.port, free_port()
+        report(StartProgress("spawn", 0.3, f"port {taken} was taken meanwhile; starting vLLM on {self.port}"))
 
     def _fail_start(self) -> None:
-        self._keep_log = True  # the error message points at the log
+        self._keep_log = self._keep_log or self.log_path.exists()  # the error message points at the log
         self.stop()
 
     def _serve(self, report: ProgressFn, timeout_s: float) -> None:
-        """Start vLLM's server on ``self.port`` and wait until it serves (raises if it does not;
-        what it started is left for the caller to stop)."""
+        """Start vLLM's server on ``self.port`` and wait until it serves. Raises if it does not, what
+        it started left for the caller to stop (``stop`` asked meanwhile: stopped here)."""
+        self._exit_file.unlink(missing_ok=True)  # an earlier start's exit status is not this one's
         draft_dir = str(self.draft_dir) if self.draft_dir else None
         args = server_args(self.config, str(self.target_dir), draft_dir, self.port, self._platform)
         cmd = [

@@ -3,8 +3,8 @@
 Contract: ``check_copy(full_dir, scheme, presets, max_tokens, cache_dir, base)`` makes (or
 reuses) the ``scheme`` copy of the checkpoint ``full_dir`` (``engine.variants.quantised_checkpoint``),
 runs speculation-off engines on the full model and on the copy (``base`` gives their dtype and
-KV cache; started at once, their vLLM start-ups overlapping, where the two fit in memory together,
-``resources.fits_together``, else one after the other), each answering every preset with greedy decoding
+KV cache; on a CPU started at once, their vLLM start-ups overlapping, where the two fit in memory
+together, ``resources.fits_together``, else one after the other), each answering every preset with greedy decoding
 (``max_tokens`` tokens, all presets in flight at once, so both engines see the same batches),
 and returns a ``CopyCheck``: per preset the token agreement (``provenance.text_agreement``: the
 share of the longer text the aligned texts share), whether the texts are identical, and where
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from engine_adapter.engine.client import RequestResult
 from engine_adapter.engine.live_engine import LiveEngine, launch_overlapping
+from engine_adapter.engine.platform import detect_platform
 from engine_adapter.engine.resources import fits_together
 from engine_adapter.engine.variants import quantised_checkpoint
 from engine_adapter.engine_config import EngineConfig, resolve_dtype
@@ -88,11 +89,32 @@ async def greedy_ids_at_once(
     engines: dict[Path, LiveEngine] = {}
     try:
         await launch_overlapping(configs, engines, lambda d: print(f"== {d.name}: starting", file=sys.stderr))
-        first, second = await asyncio.gather(*(_answers(engines[d], presets, max_tokens) for d in model_dirs))
+        answering = [asyncio.ensure_future(_answers(engines[d], presets, max_tokens)) for d in model_dirs]
+        try:
+            first, second = await asyncio.gather(*answering)
+        except BaseException:
+            for task in answering:  # one failed: the other's requests end too
+                task.cancel()
+            await asyncio.gather(*answering, return_exceptions=True)
+            raise
         return first, second
     finally:
-        for engine in engines.values():
-            await engine.close()
+        await _close_all(engines)
+
+
+async def _close_all(engines: dict[Path, LiveEngine]) -> None:
+    """Close every engine, whichever close fails (the first failure raised after all)."""
+    results = await asyncio.gather(*(engine.close() for engine in engines.values()), return_exceptions=True)
+    if failed := [r for r in results if isinstance(r, BaseException)]:
+        raise failed[0]
+
+
+def _why_one_after_the_other(configs: list[EngineConfig]) -> str | None:
+    """None where the engines can run at once: on a CPU when they fit in host memory together (on a
+    GPU each engine sizes its share from the memory free at its start, so one runs at a time)."""
+    if detect_platform().is_gpu:
+        return "a GPU: each engine takes its share of the GPU's memory"
+    return fits_together(configs)
 
 
 async def _answers(engine: LiveEngine, presets: list[Preset], max_tokens: int) -> list[list[int]]:
@@ -112,7 +134,7 @@ async def check_copy(
     full_dir: Path, scheme: str, presets: list[Preset], max_tokens: int, cache_dir: Path, base: EngineConfig
 ) -> CopyCheck:
     copy_dir = quantised_checkpoint(full_dir, cache_dir, scheme)
-    why_apart = fits_together([off_config(Path(full_dir), base), off_config(copy_dir, base)])
+    why_apart = _why_one_after_the_other([off_config(Path(full_dir), base), off_config(copy_dir, base)])
     if why_apart is None:
         print(f"== {Path(full_dir).name} and its {scheme} copy: both engines at once", file=sys.stderr)
         full, quant = await greedy_ids_at_once((Path(full_dir), copy_dir), presets, max_tokens, base)

@@ -148,9 +148,10 @@ class LedgerPanel:
         prune(directory)
         return str(path), view.markdown()
 
-    def show_exports(self) -> tuple[Any, Any]:
-        """The page's click shows the export's boxes (the file's once there is a table to export)."""
-        return gr.File(visible=bool(self.backend.speedup_view().rows)), gr.Code(visible=True)
+    @staticmethod
+    def show_exports() -> tuple[Any, Any]:
+        """The page's click shows the export's boxes (``export`` fills them)."""
+        return gr.File(visible=True), gr.Code(visible=True)
 
     # --- shared, once per tick ---------------------------------------------
     def _tick(self) -> LedgerTick:

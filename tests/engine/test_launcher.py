@@ -136,6 +136,7 @@ def test_a_port_taken_before_vllm_binds_it_is_chosen_again(tiny, monkeypatch):
             proc.start(progress.append, timeout_s=300)
             assert proc.port != taken
             assert httpx.get(f"{proc.url}/health", timeout=10).status_code == 200
+            assert proc.is_alive() and proc.returncode is None  # the failed start's exit status is gone
     notes = [p.message for p in progress if p.stage == "spawn"]
     retry = f"port {taken} was taken meanwhile; starting vLLM on {proc.port}"
     assert notes == ["starting vLLM", retry, "starting vLLM"]
