@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--acceptance", default="lossless", help=f"acceptance rules, from {','.join(RULE_NAMES)}")
     add_parameter_arguments(p)
-    add_model_arguments(p, dtype=False, max_model_len=False)
+    add_model_arguments(p, max_model_len=False)
     p.add_argument("--variants", default=FULL, help=f"model variants, from {','.join(VARIANTS)} (default: full only)")
     p.add_argument(
         "--reserved-cpus",
@@ -183,7 +183,7 @@ async def _sweep_variants(settings: SweepSettings, variants: list[str]):
     print(f"== measuring read bandwidth on {cores} core(s)", file=sys.stderr)
     bandwidth = read_bandwidth_gbs(cores)
     print(f"   {bandwidth:.2f} GB/s", file=sys.stderr)
-    return await variant_sweep(settings, variants, bandwidth, resolve_dtype("auto"))
+    return await variant_sweep(settings, variants, bandwidth, resolve_dtype(settings.dtype))
 
 
 def file_settings(args: argparse.Namespace) -> SweepFileSettings:
@@ -197,7 +197,7 @@ def file_settings(args: argparse.Namespace) -> SweepFileSettings:
     draft = Path(args.draft).name if args.method == "draft" else args.method
     return SweepFileSettings(
         hardware=hardware,
-        dtype=resolve_dtype("auto", on_cpu=not platform.is_gpu),
+        dtype=resolve_dtype(args.dtype, on_cpu=not platform.is_gpu),
         models=f"{Path(args.target).name} / {draft}" + ("" if args.variants == FULL else f", variants {args.variants}"),
         method=args.method,
         max_tokens=args.max_tokens,

@@ -75,6 +75,7 @@ class SweepSettings:
     draft: str
     kv_cache_gib: int
     reserved_cpus: int | None = None  # cores vLLM keeps free of its worker (None: vLLM's default, 1)
+    dtype: str = "auto"  # the engines' (``engine_config.resolve_dtype``: auto follows the CPU kind)
     # acceptance rules, each run for every live policy (``off`` runs once, lossless); a lossy one
     # adds the LOSSY_COLUMNS, its texts compared with the lossless texts of the same prompts
     acceptance: list[AcceptanceRule] = field(default_factory=lambda: [LOSSLESS])
@@ -244,6 +245,7 @@ def _engine_base(settings: SweepSettings) -> dict[str, Any]:
         max_num_seqs=max(max(settings.concurrency), 16),
         kv_cache_gib=settings.kv_cache_gib,
         reserved_cpus=settings.reserved_cpus,
+        dtype=settings.dtype,
     )
 
 
